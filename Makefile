@@ -1,0 +1,44 @@
+# gymloop — two commands do everything: `make demo` and `make test`.
+# Both create .venv and install what is needed, torch first so pip keeps the CPU wheel.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# Steady CPU timings: OpenMP threads sleep instead of spinning (FACTS.md).
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: demo test bench install dev clean-venv
+
+$(VENV)/.torch:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install "$(TORCH)"
+	touch $@
+
+$(VENV)/.core: $(VENV)/.torch pyproject.toml
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.core
+	$(PIP) install -e ".[dev]"
+	touch $@
+
+$(VENV)/.bench: $(VENV)/.dev
+	$(PIP) install -e ".[dev,bench]"
+	touch $@
+
+install: $(VENV)/.core
+dev: $(VENV)/.dev
+
+demo: $(VENV)/.core
+	$(VENV)/bin/gymloop demo
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.bench
+	$(PY) bench/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,125 @@
+"""Chat rendering: messages -> token ids (and the training mask), owned by the tokenizer.
+
+The engine only ever sees token ids; everything that knows about roles, special tokens and
+templates lives here. `ChatTokenizer` wraps any Hugging Face tokenizer that has a chat
+template; `build_char_tokenizer` makes the local character-level tokenizer of the `nano`
+model (no hub access).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+Message = dict  # {"role": str, "content": str}
+
+# Characters of the nano vocabulary: enough for arithmetic, tool calls (JSON) and code.
+NANO_ALPHABET = (
+    "0123456789"
+    "abcdefghijklmnopqrstuvwxyz"
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    " \n\t+-*/=%()[]{}<>.,:;!?'\"_#&|@^~`$\\"
+)
+NANO_SPECIALS = ("<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
+# One special token per role; an assistant turn ends with <|end|>, which is also EOS.
+NANO_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_char_tokenizer(alphabet: str = NANO_ALPHABET) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with the nano chat template, built locally."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    symbols = list(NANO_SPECIALS) + list(dict.fromkeys(alphabet))
+    vocab = {s: i for i, s in enumerate(symbols)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(NANO_SPECIALS))
+    # padding_side must be given to the constructor: set afterwards it is not saved (FACTS.md).
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>", padding_side="left"
+    )
+    hf.chat_template = NANO_CHAT_TEMPLATE
+    return hf
+
+
+@dataclass
+class ChatTokenizer:
+    """Renders chat messages to token ids with the model's own chat template."""
+
+    hf: PreTrainedTokenizerBase
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = {self.hf.eos_token_id}
+        # Chat models often end a turn with a token other than EOS (e.g. <|im_end|>).
+        for name in ("<|im_end|>", "<|end|>", "<|eot_id|>"):
+            tid = self.hf.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != self.hf.unk_token_id and tid is not None:
+                ids.add(tid)
+        return tuple(sorted(i for i in ids if i is not None))
+
+    @property
+    def pad_token_id(self) -> int:
+        pid = self.hf.pad_token_id
+        return pid if pid is not None else self.hf.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        return self.hf.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
+            **({"tools": tools} if tools else {}),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, messages: Sequence[Message], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of `messages` followed by the assistant generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def sft_ids(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+        """Ids of a whole conversation and a mask that is 1 on assistant-produced tokens.
+
+        Rendered turn by turn, so the mask is exact for any template whose rendering of a
+        prefix is a prefix of the rendering of the whole (true of common chat templates).
+        """
+        ids: list[int] = []
+        mask: list[int] = []
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                prefix = self.encode(self.render(messages[:i], add_generation_prompt=True))
+                full = self.encode(self.render(messages[: i + 1], add_generation_prompt=False))
+                if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
+                    raise ValueError("chat template does not render prefixes as prefixes")
+                mask += [0] * (len(prefix) - len(ids)) + [1] * (len(full) - len(prefix))
+                ids = full
+        rest = self.encode(self.render(messages, add_generation_prompt=False))
+        if rest[: len(ids)] != ids:
+            raise ValueError("chat template does not render prefixes as prefixes")
+        mask += [0] * (len(rest) - len(ids))
+        return rest, mask
+
+    def continuation_ids(self, history: Sequence[Message], new: Sequence[Message]) -> list[int]:
+        """Tokens that render `new` messages after `history` and open the next assistant turn.
+
+        `history` ends with the model's own turn, whose *sampled* ids the rollout keeps; only
+        this delta is tokenized, so the model's text is never re-tokenized for training.
+        """
+        before = self.encode(self.render(history, add_generation_prompt=False))
+        after = self.encode(self.render(list(history) + list(new), add_generation_prompt=True))
+        if after[: len(before)] != before:
+            raise ValueError("chat template does not render prefixes as prefixes")
+        return after[len(before):]
+

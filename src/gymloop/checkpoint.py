@@ -1,0 +1,61 @@
+"""Model directories in Hugging Face format: save, load, and resolve a model spec."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .chat import ChatTokenizer
+
+
+def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
+               extra: dict | None = None) -> Path:
+    """Write config.json, model.safetensors and tokenizer files atomically.
+
+    Written to a sibling temp directory and renamed, so a crash never leaves a half-written
+    model where a good one was expected.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.hf.save_pretrained(tmp)
+    if extra is not None:
+        (tmp / "gymloop.json").write_text(json.dumps(extra, indent=2))
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
+    """Load a Hugging Face causal LM directory (float32, offline)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    hf_tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if hf_tok.chat_template is None:
+        raise ValueError(f"the tokenizer in {path} has no chat template")
+    return model, ChatTokenizer(hf_tok)
+
+
+def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """`nano` -> the cached pre-trained nano model (pre-training it once); else a directory."""
+    if spec == "nano":
+        from .models.nano import NanoConfig, ensure_nano
+
+        return ensure_nano(NanoConfig(), cache_dir=cache_dir, progress=progress)
+    path = Path(spec).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model {spec!r}: expected 'nano' or a model directory with config.json")
+    return path

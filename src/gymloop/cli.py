@@ -1,0 +1,150 @@
+"""The `gymloop` command line. Thin: parses arguments, calls the library, prints."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+# Before torch is imported: OpenMP threads sleep instead of spinning (steadier CPU timings).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(rows[0]), line(["-" * w for w in widths])] + [line(r) for r in rows[1:]])
+
+
+def before_after_table(summary: dict) -> str:
+    b, f = summary["base"], summary["final"]
+    rows = [["metric", "base", "after GRPO", "change"]]
+    for key, label in (("pass1", "held-out pass@1"), ("mean_reward", "mean reward"),
+                       ("format_rate", "format ok")):
+        rows.append([label, f"{100 * b[key]:.1f}%", f"{100 * f[key]:.1f}%",
+                     f"{100 * (f[key] - b[key]):+.1f} pts"])
+    for k in sorted(set(b.get("pass_at_k", {})) & set(f.get("pass_at_k", {}))):
+        rows.append([f"pass@{k}", f"{100 * b['pass_at_k'][k]:.1f}%", f"{100 * f['pass_at_k'][k]:.1f}%",
+                     f"{100 * (f['pass_at_k'][k] - b['pass_at_k'][k]):+.1f} pts"])
+    ph = summary["phase_seconds"]
+    lines = [_table(rows), "",
+             f"{summary['heldout_tasks']} held-out {summary['env']} tasks; {summary['steps']} GRPO steps; "
+             f"{summary['tokens_generated']:,} tokens generated; "
+             f"{100 * summary['zero_signal_group_fraction']:.0f}% of groups had no signal",
+             "wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items())
+             + f"; total {summary['wall_seconds']:.1f}",
+             f"summary: {summary['run_dir']}/summary.json"]
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .config import TrainConfig
+    from .recipes import demo_config
+    from .train import train
+
+    cfg: TrainConfig = demo_config(run_dir=args.run_dir)
+    print("gymloop demo: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval")
+    summary = train(cfg, progress=not args.quiet)
+    # The table is printed from the file the run wrote, not from memory.
+    summary = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    print()
+    print(before_after_table(summary))
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from .checkpoint import load_model
+    from .models.nano import NanoConfig, ensure_nano
+
+    import torch
+    torch.set_num_threads(args.threads)
+    cfg = NanoConfig(**({"steps": args.steps} if args.steps else {}))
+    path = ensure_nano(cfg, cache_dir=args.cache_dir, progress=not args.quiet)
+    info = json.loads((path / "gymloop.json").read_text())
+    print(json.dumps({"path": str(path), **info["pretrain"]}, indent=2))
+    load_model(path)  # proves the cached directory loads
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train import train
+
+    cfg = load_config(args.config)
+    if args.run_dir:
+        cfg.run_dir = args.run_dir
+    summary = train(cfg, progress=not args.quiet)
+    print(before_after_table(summary))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load_model, resolve_model
+    from .engine import Engine
+    from .envs import make_env
+    from .evaluate import evaluate
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(resolve_model(args.model, progress=not args.quiet))
+    env = make_env(args.env, **json.loads(args.env_options))
+    tasks = env.sample_tasks(args.tasks, "heldout", seed=args.seed)
+    ks = [int(k) for k in args.k.split(",")] if args.k else []
+    res = evaluate(Engine(model, tok.pad_token_id, decode=tok.decode), tok, env, tasks,
+                   max_new_tokens=args.max_new_tokens, ks=ks, samples=args.samples or max(ks or [0]))
+    print(json.dumps(res.as_dict(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="pre-train nano (cached), GRPO on arithmetic, before/after table")
+    d.add_argument("--run-dir", default="runs")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+
+    pt = sub.add_parser("pretrain", help="pre-train and cache the nano model")
+    pt.add_argument("--steps", type=int, default=None, help="override the pre-training budget")
+    pt.add_argument("--cache-dir", default=None)
+    pt.add_argument("--threads", type=int, default=1)
+    pt.add_argument("--quiet", action="store_true")
+    pt.set_defaults(fn=cmd_pretrain)
+
+    t = sub.add_parser("train", help="run GRPO from a YAML config")
+    t.add_argument("config")
+    t.add_argument("--run-dir", default=None)
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="held-out evaluation of a model")
+    e.add_argument("--model", required=True, help="'nano' or a model directory")
+    e.add_argument("--env", default="arith")
+    e.add_argument("--env-options", default="{}", help="JSON object of environment options")
+    e.add_argument("--tasks", type=int, default=500)
+    e.add_argument("--k", default="", help="comma-separated k values of pass@k")
+    e.add_argument("--samples", type=int, default=0)
+    e.add_argument("--max-new-tokens", type=int, default=8)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(fn=cmd_eval)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"gymloop {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Typed configuration of `gymloop train` (YAML in, validated by pydantic).
+
+Every field is documented once, here. Unknown keys and bad values are errors that name the
+field (`load_config` turns pydantic's report into a short message).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvSpec(_Strict):
+    """Which environment to train and evaluate on."""
+
+    name: str = Field("arith", description="Registered environment name (see `gymloop envs list`).")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="Environment options, validated by the environment.")
+    max_turns: int = Field(1, ge=1, description="Most model turns per episode.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EnvSpec":
+        from .envs import make_env
+
+        make_env(self.name, **self.options)  # raises a clear error on a bad name or option
+        return self
+
+
+class SamplingConfig(_Strict):
+    """Rollout sampling."""
+
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    max_new_tokens: int = Field(8, ge=1, description="Most tokens per model turn.")
+
+
+class GRPOConfig(_Strict):
+    """The GRPO update (see gymloop/algorithms/grpo.py for the loss)."""
+
+    steps: int = Field(200, ge=0, description="Training steps (one batch of rollouts each).")
+    prompts_per_step: int = Field(16, ge=1, description="Tasks per step.")
+    group_size: int = Field(8, ge=2, description="Samples per task (G).")
+    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (constant after warm-up).")
+    warmup_steps: int = Field(5, ge=0, description="Linear learning-rate warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below 1.")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher).")
+    beta: float = Field(0.0, ge=0, description="Weight of KL to the frozen initial model (0 = none).")
+    scale_std: bool = Field(True, description="Divide advantages by the group std (False = Dr. GRPO).")
+    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="Loss aggregation.")
+    epochs: int = Field(1, ge=1, description="Passes over each batch (>1 makes the ratio clip matter).")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
+    drop_zero_signal: bool = Field(
+        True, description="Leave out groups whose rewards are all equal (their advantage is 0)."
+    )
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation."""
+
+    tasks: int = Field(500, ge=1, description="Held-out tasks (greedy pass@1 and mean reward).")
+    every: int = Field(50, ge=0, description="Evaluate every N training steps (0 = only at start and end).")
+    ks: list[int] = Field(default_factory=list, description="k values of pass@k (sampled).")
+    samples: int = Field(0, ge=0, description="Samples per task for pass@k (>= max k).")
+    max_new_tokens: int = Field(8, ge=1, description="Most tokens per model turn in evaluation.")
+
+
+class TrainConfig(_Strict):
+    """`gymloop train CONFIG.yaml`."""
+
+    model: str = Field("nano", description="'nano' (built and cached locally) or a HF model directory.")
+    env: EnvSpec = Field(default_factory=EnvSpec, description="Environment.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout sampling.")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO update.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    seed: int = Field(0, description="Seed of task sampling and rollouts.")
+    threads: int = Field(1, ge=1, description="torch CPU threads (1 was fastest and steadiest on 2 cores).")
+    run_dir: str = Field("runs", description="Parent directory of run directories.")
+    name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix).")
+    stop_at_pass1: float | None = Field(
+        None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
+    )
+    engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+
+
+class ConfigError(ValueError):
+    """A configuration file that does not validate; the message names each bad field."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {loc}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    """Read and validate a YAML config; raise ConfigError naming every bad field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
+    data = _deep_merge(data, overrides or {})
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

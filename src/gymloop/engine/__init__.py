@@ -1,0 +1,87 @@
+"""The generation engine: batched sampling on token ids, versioned weights.
+
+`Engine.generate(prompts, params)` takes token-id prompts and returns the sampled ids and
+their log-probs; `Engine.load_weights(weights, version)` swaps weights in place.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from .hf import HFBackend
+from .llama import LlamaBackend, supports
+from .sampling import Generation, GenerationBatch, SamplingParams, run_generation, sample_next
+
+# name -> backend class; "auto" picks the native path when the model supports it.
+BACKENDS: dict[str, Callable[[torch.nn.Module], object]] = {"llama": LlamaBackend, "hf": HFBackend}
+
+
+def pick_backend(model: torch.nn.Module, name: str = "auto"):
+    if name == "auto":
+        name = "llama" if supports(model) is None else "hf"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown engine backend {name!r}; known: auto, {', '.join(BACKENDS)}")
+    return BACKENDS[name](model)
+
+
+class Engine:
+    """Generates from token ids with any HF causal LM; loads new weights without a rebuild."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, backend: str = "auto",
+                 decode: Callable[[list[int]], str] | None = None, max_batch: int = 256,
+                 version: int = 0) -> None:
+        self.model = model.eval()
+        self.pad_token_id = pad_token_id
+        self.decode = decode
+        self.max_batch = max_batch
+        self.version = version
+        self.backend = pick_backend(model, backend)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> GenerationBatch:
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator().manual_seed(params.seed)
+        t0 = time.perf_counter()
+        outs: list[Generation] = []
+        for i in range(0, len(prompts), self.max_batch):
+            outs += run_generation(self.backend, prompts[i:i + self.max_batch], params,
+                                   self.pad_token_id, gen, self.decode)
+        seconds = time.perf_counter() - t0
+        return GenerationBatch(
+            generations=outs, prompt_tokens=sum(len(p) for p in prompts),
+            generated_tokens=sum(len(g.token_ids) for g in outs), seconds=seconds,
+            version=self.version,
+        )
+
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> int:
+        """Copy `weights` (name -> tensor, state-dict names) into the model in place.
+
+        A tensor that already *is* the engine's parameter (trainer and engine sharing one
+        model in process) is not copied. Returns the number of bytes copied.
+        """
+        own = self.model.state_dict(keep_vars=True)
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        copied, seen = 0, set()
+        for name, src in items:
+            if name not in own:
+                raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
+            dst = own[name]
+            seen.add(name)
+            if dst.data_ptr() == src.data_ptr():
+                continue
+            if dst.shape != src.shape:
+                raise ValueError(f"weight {name!r}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+            dst.data.copy_(src)
+            copied += src.numel() * src.element_size()
+        self.version = version
+        if hasattr(self.backend, "refresh"):
+            self.backend.refresh()
+        return copied
+
+
+__all__ = ["BACKENDS", "Engine", "Generation", "GenerationBatch", "SamplingParams",
+           "pick_backend", "sample_next"]

@@ -1,0 +1,152 @@
+"""Sampling parameters, the per-step token sampler, and the generation loop over a backend."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch.
+
+    `temperature=0` is greedy. Reported log-probs are under softmax(logits / temperature)
+    *before* top-p truncation: the distribution a trainer can recompute from a forward pass
+    (with the default `top_p=1` it is exactly the sampling distribution).
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """One sampled completion: ids, their log-probs, and why it ended ("stop" or "length")."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class GenerationBatch:
+    generations: list[Generation]
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+    version: int
+    stats: dict = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """A model's forward pass with a KV cache, on token ids.
+
+    start: ids [B, P] left-padded, mask [B, P] (True on real tokens) -> logits [B, V]
+    step:  tok [B] (the previous sampled token of each live row) -> logits [B, V]
+    keep:  rows [B'] indices of rows to keep (drop finished ones from the cache)
+    """
+
+    can_compact: bool
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor: ...
+    def step(self, tok: torch.Tensor) -> torch.Tensor: ...
+    def keep(self, rows: torch.Tensor) -> None: ...
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row.
+
+    logits: [B, V] float. Returns tok [B] int64 and logp [B] float32, the log-prob of `tok`
+    under softmax(logits / temperature) (temperature 1 when greedy).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        tok = logits.argmax(-1)                                    # [B]
+        logp = torch.log_softmax(logits, -1)                       # [B, V]
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / temperature, -1)             # [B, V]
+    probs = logp.exp()
+    if top_p < 1.0:
+        sp, si = probs.sort(-1, descending=True)                   # [B, V]
+        drop = sp.cumsum(-1) - sp > top_p                          # keep the nucleus
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, P] and mask [B, P] with prompts right-aligned (left padding)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = True
+    return ids, mask
+
+
+def _hits_stop(tokens: list[int], stops: tuple[str, ...], decode: Callable[[list[int]], str],
+               window: int) -> bool:
+    tail = decode(tokens[-window:])
+    return any(s in tail for s in stops)
+
+
+def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                   pad_id: int, generator: torch.Generator | None,
+                   decode: Callable[[list[int]], str] | None = None,
+                   compact_fraction: float = 0.25) -> list[Generation]:
+    """The engine's sampling loop: prefill, then one token per live row per step.
+
+    Finished rows are dropped from the backend's cache once `compact_fraction` of the live
+    rows have finished, so a batch with uneven lengths does not pay for its longest member
+    in every row.
+    """
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if params.stop and decode is None:
+        raise ValueError("stop strings need an engine built with a tokenizer")
+    stop_ids = set(params.stop_token_ids)
+    window = max((len(s) for s in params.stop), default=0) + 2
+    outs = [Generation([], [], "length") for _ in prompts]
+    live = list(range(len(prompts)))        # original index of each backend row
+    done_in_cache: list[int] = []           # backend rows that finished but still occupy cache
+    ids, mask = left_pad(prompts, pad_id)
+    logits = backend.start(ids, mask, params.max_new_tokens)
+    for step in range(params.max_new_tokens):
+        tok, logp = sample_next(logits, params.temperature, params.top_p, generator)
+        for row, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
+            g = outs[live[row]]
+            if g.finish_reason == "stop":
+                continue
+            g.token_ids.append(t)
+            g.logprobs.append(lp)
+            if t in stop_ids or (params.stop and _hits_stop(g.token_ids, params.stop, decode, window)):
+                g.finish_reason = "stop"
+                done_in_cache.append(row)
+        if len(done_in_cache) == len(live) or step == params.max_new_tokens - 1:
+            break
+        if backend.can_compact and len(done_in_cache) >= compact_fraction * len(live):
+            gone = set(done_in_cache)
+            rows = [r for r in range(len(live)) if r not in gone]
+            backend.keep(torch.tensor(rows, dtype=torch.long))
+            live = [live[r] for r in rows]
+            tok = tok[rows]
+            done_in_cache = []
+        logits = backend.step(tok)
+    return outs

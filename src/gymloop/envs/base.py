@@ -1,0 +1,91 @@
+"""The environment protocol: tasks in, messages out, a verifier that scores an episode.
+
+An environment is stateless across tasks: the episode's state is its message list, so an
+environment can be placed in another process or worker and called with plain data.
+"""
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict  # {"role": "system"|"user"|"assistant"|"tool", "content": str}
+Split = Literal["train", "heldout"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem an environment can score.
+
+    `answer` and `info` hold what the verifier needs; `source` says where the task came from.
+    """
+
+    id: str
+    env: str
+    prompt: tuple[Message, ...]
+    answer: Any
+    split: Split = "train"
+    source: Literal["synthetic", "dataset", "production"] = "synthetic"
+    info: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A verifier's verdict on a finished episode.
+
+    `error` is set when the *infrastructure* failed (sandbox crash, harness bug): such an
+    episode carries no information about the model and is excluded from training, never
+    silently scored 0.
+    """
+
+    reward: float
+    components: dict[str, float]
+    reason: str
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.reward <= 1.0:
+            raise ValueError(f"reward must be in [0, 1], got {self.reward}")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: tuple[Message, ...]
+    done: bool
+
+
+def split_of(key: str, heldout_fraction: float) -> Split:
+    """Deterministic train/held-out assignment from a task's canonical key.
+
+    Hashing the problem itself (not a sample index) guarantees the two splits never share a
+    problem, however many tasks are drawn from either.
+    """
+    bucket = int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") / 2**32
+    return "heldout" if bucket < heldout_fraction else "train"
+
+
+class Environment(ABC):
+    """Multi-turn text environment with its own verifier."""
+
+    name: str
+
+    @abstractmethod
+    def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
+        """`n` distinct tasks of `split`, reproducible from `seed`."""
+
+    def reset(self, task: Task) -> list[Message]:
+        """The messages the model sees first."""
+        return [dict(m) for m in task.prompt]
+
+    def step(self, task: Task, messages: list[Message], assistant_text: str) -> StepResult:
+        """React to the model's turn. Single-turn environments are done after one reply."""
+        return StepResult(observation=(), done=True)
+
+    @abstractmethod
+    def verify(self, task: Task, messages: list[Message]) -> Score:
+        """Score a finished episode (its full message list, ending with the model's reply)."""
+
+    def gold_reply(self, task: Task) -> str:
+        """A reply that must score 1.0 (used by `validate`)."""
+        raise NotImplementedError

@@ -1,0 +1,68 @@
+"""Held-out evaluation: greedy pass@1, mean reward, and unbiased pass@k from n samples."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from .chat import ChatTokenizer
+from .engine import Engine, SamplingParams
+from .envs.base import Environment, Task
+from .rollout import collect
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    env: str
+    tasks: int
+    pass1: float               # greedy, fraction of tasks with reward 1
+    mean_reward: float         # greedy
+    format_rate: float
+    errors: int
+    seconds: float
+    generated_tokens: int
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], *,
+             max_new_tokens: int = 16, max_turns: int = 1, ks: Sequence[int] = (),
+             samples: int = 0, temperature: float = 1.0, seed: int = 0) -> EvalResult:
+    """Greedy pass@1 on `tasks`; with `ks`, also pass@k from `samples` draws per task."""
+    greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    rolls, st = collect(engine, tok, env, tasks, 1, greedy, max_turns=max_turns)
+    good = [r for r in rolls if r.ok]
+    n = max(len(good), 1)
+    res = EvalResult(
+        env=env.name, tasks=len(tasks),
+        pass1=sum(r.reward >= 1.0 for r in good) / n,
+        mean_reward=sum(r.reward for r in good) / n,
+        format_rate=sum(r.score.components.get("format", 0.0) for r in good) / n,
+        errors=st.errors, seconds=st.gen_seconds + st.env_seconds,
+        generated_tokens=st.generated_tokens,
+    )
+    if ks:
+        samples = max(samples, max(ks))
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        rolls, st2 = collect(engine, tok, env, tasks, samples, params, max_turns=max_turns)
+        res.seconds += st2.gen_seconds + st2.env_seconds
+        res.generated_tokens += st2.generated_tokens
+        for k in ks:
+            vals = []
+            for i in range(len(tasks)):
+                grp = [r for r in rolls[i * samples:(i + 1) * samples] if r.ok]
+                if len(grp) >= k:
+                    vals.append(pass_at_k(len(grp), sum(r.reward >= 1.0 for r in grp), k))
+            res.pass_at_k[k] = sum(vals) / max(len(vals), 1)
+    return res

@@ -1,0 +1,64 @@
+"""Token batches for training and the log-probs a model assigns to them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded sequences with everything aligned to token positions.
+
+    input_ids [N, L]; attention_mask [N, L] (1 on real tokens); loss_mask [N, L] (1 on
+    tokens the model produced, which are the ones trained on); old_logp [N, L] (behaviour
+    log-probs of those tokens, 0 elsewhere).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logp: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
+        return TokenBatch(self.input_ids[rows], self.attention_mask[rows], self.loss_mask[rows],
+                          self.old_logp[rows])
+
+
+def make_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
+               logps: Sequence[Sequence[float]] | None, pad_id: int) -> TokenBatch:
+    """Pad to one width. `masks[i]` and `logps[i]` are aligned with `seqs[i]`."""
+    n, width = len(seqs), max(len(s) for s in seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    att = torch.zeros((n, width), dtype=torch.long)
+    lm = torch.zeros((n, width), dtype=torch.float32)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        if len(masks[i]) != len(s):
+            raise ValueError(f"sequence {i}: mask length {len(masks[i])} != {len(s)} tokens")
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, : len(s)] = 1
+        lm[i, : len(s)] = torch.tensor(masks[i], dtype=torch.float32)
+        if logps is not None:
+            old[i, : len(s)] = torch.tensor(logps[i], dtype=torch.float32)
+    return TokenBatch(ids, att, lm, old)
+
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+    """logp [N, L]: log-prob of each token given the ones before it (position 0 gets 0).
+
+    Uses softmax(logits / temperature), the distribution the engine reports for a sample
+    drawn at that temperature, so the PPO ratio starts at exactly 1 on fresh rollouts.
+    """
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = out.logits[:, :-1].float()                            # [N, L-1, V]
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, -1)
+    tgt = batch.input_ids[:, 1:, None]                             # [N, L-1, 1]
+    lp = logp.gather(-1, tgt).squeeze(-1)                          # [N, L-1]
+    return torch.nn.functional.pad(lp, (1, 0))                     # [N, L]

@@ -1,0 +1,1 @@
+"""Models gymloop builds itself (the embedded `nano` default)."""

@@ -1,0 +1,132 @@
+"""The `nano` model: a small Llama pre-trained locally on the environments' own tasks.
+
+It is the embedded default, as SQLite is for databases: built from nothing in a couple of
+CPU minutes, cached by the hash of its config, so the whole loop runs on a laptop. The base
+is deliberately only modestly accurate (RL from random weights gets no signal at all, while a
+base that already solves everything leaves nothing to learn).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..algorithms.sft import sft_loss
+from ..chat import ChatTokenizer, build_char_tokenizer
+from ..envs.arith import ArithConfig, ArithEnv
+from ..logprobs import make_batch, token_logprobs
+
+# Bump when the pre-training code changes in a way that changes the weights.
+RECIPE_VERSION = 1
+
+
+class NanoConfig(BaseModel):
+    """Architecture and pre-training budget of the nano model (all fields enter the cache key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = Field(128, ge=16, description="Model width.")
+    layers: int = Field(2, ge=1, description="Transformer blocks.")
+    heads: int = Field(4, ge=1, description="Attention heads (head_dim = hidden_size / heads).")
+    intermediate_size: int = Field(512, ge=16, description="MLP width.")
+    max_positions: int = Field(512, ge=32, description="Longest sequence the model supports.")
+    corpus: list[ArithConfig] = Field(
+        default_factory=lambda: [ArithConfig()],
+        description="Task generators whose train split (with gold answers) forms the corpus.",
+    )
+    loss_on: str = Field("all", pattern="^(all|assistant)$",
+                         description="Next-token loss on every token, or only on assistant replies.")
+    steps: int = Field(1000, ge=1, description="Optimizer steps of pre-training (the fixed budget).")
+    batch_size: int = Field(64, ge=1, description="Sequences per step.")
+    lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")
+    seed: int = Field(0, description="Seed of initialisation and corpus sampling.")
+
+    def key(self) -> str:
+        blob = json.dumps({"recipe": RECIPE_VERSION, **self.model_dump()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("GYMLOOP_CACHE", Path.home() / ".cache" / "gymloop"))
+
+
+def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if cfg.hidden_size % cfg.heads:
+        raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by heads {cfg.heads}")
+    hf_cfg = LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
+        max_position_embeddings=cfg.max_positions, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tok.hf.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(hf_cfg)
+
+
+def corpus_batch(envs: list[ArithEnv], tok: ChatTokenizer, rng: random.Random, n: int,
+                 loss_on: str):
+    """`n` rendered gold conversations from the train split of random environments."""
+    seqs, masks = [], []
+    for _ in range(n):
+        env = rng.choice(envs)
+        task = env.draw(rng, "train")
+        msgs = env.reset(task) + [{"role": "assistant", "content": env.gold_reply(task)}]
+        ids, mask = tok.sft_ids(msgs)
+        seqs.append(ids)
+        masks.append([1] * len(ids) if loss_on == "all" else mask)
+    return make_batch(seqs, masks, None, tok.pad_token_id)
+
+
+def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, ChatTokenizer, dict]:
+    """Pre-train from random weights for `cfg.steps` steps; returns model, tokenizer, stats."""
+    from tqdm.auto import tqdm
+
+    tok = ChatTokenizer(build_char_tokenizer())
+    model = build_model(cfg, tok).train()
+    envs = [ArithEnv(c) for c in cfg.corpus]
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warm = max(1, cfg.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / cfg.steps)).item())
+    )
+    t0, losses = time.perf_counter(), []
+    bar = tqdm(range(cfg.steps), desc="pretrain nano", disable=not progress, unit="step")
+    for step in bar:
+        batch = corpus_batch(envs, tok, rng, cfg.batch_size, cfg.loss_on)
+        # Position 0 has no prediction; the first token's mask entry is ignored.
+        batch.loss_mask[:, 0] = 0
+        loss, m = sft_loss(token_logprobs(model, batch), batch.loss_mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(m["nll"])
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{m['nll']:.3f}")
+    stats = {"steps": cfg.steps, "seconds": time.perf_counter() - t0,
+             "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+             "parameters": sum(p.numel() for p in model.parameters())}
+    return model.eval(), tok, stats
+
+
+def ensure_nano(cfg: NanoConfig, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """Path of the pre-trained nano model for `cfg`, pre-training it only if not cached."""
+    from ..checkpoint import save_model
+
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = root / "models" / f"nano-{cfg.key()}"
+    if (path / "gymloop.json").exists():
+        return path
+    model, tok, stats = pretrain(cfg, progress=progress)
+    save_model(model, tok, path, extra={"nano_config": cfg.model_dump(), "pretrain": stats})
+    return path

@@ -1,0 +1,129 @@
+"""Rollouts: episodes as token ids, batched through the engine across many tasks.
+
+The model's turns keep the exact ids the engine sampled (with their behaviour log-probs);
+environment observations are appended as tokens rendered by the chat template and masked
+out of the loss. Text is never re-tokenized for training.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .chat import ChatTokenizer
+from .engine import Engine, SamplingParams
+from .envs.base import Environment, Message, Score, Task
+
+
+@dataclass
+class Rollout:
+    """One finished episode.
+
+    prompt_ids: the first prompt; token_ids: everything after it (model turns and
+    observations); mask / logprobs are aligned with token_ids (1 / behaviour log-prob on
+    model-produced tokens, 0 on observation tokens).
+    """
+
+    task: Task
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    score: Score | None = None
+    version: int = 0
+    turns: int = 0
+    truncated: bool = False
+
+    @property
+    def reward(self) -> float:
+        return self.score.reward if self.score else 0.0
+
+    @property
+    def ok(self) -> bool:
+        """False when the infrastructure failed: such rollouts are excluded from training."""
+        return self.score is not None and self.score.error is None
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    gen_seconds: float = 0.0
+    env_seconds: float = 0.0
+    errors: int = 0
+
+
+def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task],
+            n_per_task: int, params: SamplingParams, max_turns: int = 1,
+            max_total_tokens: int = 2048) -> tuple[list[Rollout], RolloutStats]:
+    """Run `n_per_task` episodes of every task; members of a task's group are adjacent.
+
+    Every live episode's next turn is generated in one engine batch, so multi-turn episodes
+    share the engine as single-turn ones do.
+    """
+    stats = RolloutStats()
+    eos = tuple(sorted(set(params.stop_token_ids) | set(tok.eos_token_ids)))
+    params = SamplingParams(**{**params.__dict__, "stop_token_ids": eos})
+    rollouts = []
+    for task in tasks:
+        msgs = env.reset(task)
+        pids = tok.prompt_ids(msgs)
+        for _ in range(n_per_task):
+            rollouts.append(Rollout(task=task, prompt_ids=pids, messages=[dict(m) for m in msgs],
+                                    version=engine.version))
+    live = list(rollouts)
+    for turn in range(max_turns):
+        if not live:
+            break
+        prompts = [r.prompt_ids + r.token_ids for r in live]
+        batch = engine.generate(prompts, params)
+        stats.gen_seconds += batch.seconds
+        stats.generated_tokens += batch.generated_tokens
+        stats.prompt_tokens += batch.prompt_tokens
+        t0 = time.perf_counter()
+        still = []
+        for r, g in zip(live, batch.generations):
+            r.token_ids += g.token_ids
+            r.mask += [1] * len(g.token_ids)
+            r.logprobs += g.logprobs
+            r.turns += 1
+            text = tok.decode(g.token_ids)
+            r.messages.append({"role": "assistant", "content": text})
+            if g.finish_reason == "length":
+                r.truncated = True
+                continue
+            step = env.step(r.task, r.messages, text)
+            if step.done or turn == max_turns - 1:
+                continue
+            obs = tok.continuation_ids(r.messages, step.observation)
+            if len(r.prompt_ids) + len(r.token_ids) + len(obs) > max_total_tokens:
+                r.truncated = True
+                continue
+            r.messages += [dict(m) for m in step.observation]
+            r.token_ids += obs
+            r.mask += [0] * len(obs)
+            r.logprobs += [0.0] * len(obs)
+            still.append(r)
+        stats.env_seconds += time.perf_counter() - t0
+        live = still
+    t0 = time.perf_counter()
+    for r in rollouts:
+        r.score = _verify(env, r)
+        stats.errors += 0 if r.ok else 1
+    stats.env_seconds += time.perf_counter() - t0
+    stats.episodes = len(rollouts)
+    return rollouts, stats
+
+
+def _verify(env: Environment, r: Rollout) -> Score:
+    # A verifier that raises is a harness failure, recorded as an error, never as reward 0.
+    try:
+        return env.verify(r.task, r.messages)
+    except Exception as exc:  # noqa: BLE001 - any verifier bug must be contained and reported
+        return Score(0.0, {}, "verifier raised", error=f"{type(exc).__name__}: {exc}")

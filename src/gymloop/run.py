@@ -1,0 +1,62 @@
+"""A run directory: resolved config, metrics as JSON lines, checkpoint, summary.json."""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+from pydantic import BaseModel
+
+
+class RunDir:
+    def __init__(self, parent: str | Path, name: str, config: BaseModel) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        path = Path(parent) / f"{name}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(parent) / f"{name}-{stamp}-{n}"
+        path.mkdir(parents=True)
+        self.path = path
+        (path / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        self._metrics = open(path / "metrics.jsonl", "a", buffering=1)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint"
+
+    def log(self, kind: str, **fields) -> None:
+        """Append one metrics record (flushed per line, so a crash loses at most one)."""
+        self._metrics.write(json.dumps({"kind": kind, "time": time.time(), **fields}) + "\n")
+
+    def write_summary(self, summary: dict) -> Path:
+        p = self.path / "summary.json"
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(p)
+        return p
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+class Phases:
+    """Wall seconds per named phase (generation, verification, training, evaluation, ...)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)

@@ -1,0 +1,123 @@
+"""`gymloop train`: the GRPO job, one round of stages per step.
+
+    sample tasks -> rollouts (engine) -> verify (environment) -> advantages -> loss and
+    optimizer step (trainer) -> weight sync (engine version) -> evaluate (every N steps)
+
+Writes a run directory: config.yaml, metrics.jsonl, checkpoint/, summary.json.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from .checkpoint import load_model, resolve_model, save_model
+from .config import TrainConfig
+from .engine import Engine, SamplingParams
+from .envs import make_env
+from .evaluate import EvalResult, evaluate
+from .rollout import collect
+from .run import Phases, RunDir
+from .trainer import Trainer, advantages_for, rollouts_to_batch
+
+
+def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=()) -> EvalResult:
+    return evaluate(engine, tok, env, tasks, max_new_tokens=cfg.eval.max_new_tokens,
+                    max_turns=cfg.env.max_turns, ks=ks, samples=cfg.eval.samples,
+                    temperature=cfg.sampling.temperature, seed=cfg.seed)
+
+
+def train(cfg: TrainConfig, progress: bool = True,
+          echo: Callable[[str], None] = print) -> dict:
+    """Run GRPO as configured; return the summary (also written to summary.json)."""
+    torch.set_num_threads(cfg.threads)
+    t_start = time.perf_counter()
+    phases = Phases()
+    with phases.time("pretrain"):
+        model_path = resolve_model(cfg.model, progress=progress)
+    run = RunDir(cfg.run_dir, cfg.name, cfg)
+    echo(f"run directory: {run.path}")
+    model, tok = load_model(model_path)
+    engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
+    trainer = Trainer(model, cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay,
+                      warmup_steps=cfg.grpo.warmup_steps, max_grad_norm=cfg.grpo.max_grad_norm,
+                      ref_model=cfg.grpo.beta > 0, betas=cfg.grpo.betas)
+    env = make_env(cfg.env.name, **cfg.env.options)
+    heldout = env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed)
+    g = cfg.grpo
+    params = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens,
+                            temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
+
+    with phases.time("evaluation"):
+        base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
+    run.log("eval", step=0, **base.as_dict())
+    echo(f"base: pass@1 {base.pass1:.3f} on {base.tasks} held-out {env.name} tasks")
+    curve = [{"step": 0, "pass1": base.pass1, "seconds": time.perf_counter() - t_start}]
+    tokens_generated = base.generated_tokens
+    zero_groups = total_groups = 0
+    last = base
+    bar = tqdm(range(1, g.steps + 1), desc="grpo", disable=not progress, unit="step")
+    for step in bar:
+        tasks = env.sample_tasks(g.prompts_per_step, "train", seed=cfg.seed * 1_000_003 + step)
+        p = SamplingParams(**{**params.__dict__, "seed": cfg.seed * 1_000_003 + step})
+        rollouts, st = collect(engine, tok, env, tasks, g.group_size, p, max_turns=cfg.env.max_turns)
+        phases.add("generation", st.gen_seconds)
+        phases.add("verification", st.env_seconds)
+        tokens_generated += st.generated_tokens
+        adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
+        zero_groups += adv.zero_signal_groups
+        total_groups += adv.groups
+        metrics = {}
+        with phases.time("training"):
+            if adv.rollouts:
+                batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
+                metrics = trainer.grpo_step(
+                    batch, adv.advantages, temperature=cfg.sampling.temperature,
+                    clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta,
+                    loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
+        with phases.time("weight_sync"):
+            # Trainer and engine share one model in process: the engine sees the same
+            # tensors, so publishing copies nothing and bumps the version.
+            engine.load_weights(model.state_dict(), version=step)
+        ok = [r for r in rollouts if r.ok]
+        reward = sum(r.reward for r in ok) / max(len(ok), 1)
+        run.log("train", step=step, reward=reward, errors=st.errors,
+                zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
+                trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
+                gen_seconds=st.gen_seconds, **metrics)
+        bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}")
+        if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
+            with phases.time("evaluation"):
+                last = _eval(engine, tok, env, heldout, cfg)
+            run.log("eval", step=step, **last.as_dict())
+            curve.append({"step": step, "pass1": last.pass1, "seconds": time.perf_counter() - t_start})
+            if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
+                echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
+                break
+    if cfg.eval.ks:
+        with phases.time("evaluation"):
+            last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
+        run.log("eval", step=trainer.step_count, **last.as_dict())
+    with phases.time("checkpoint"):
+        save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
+                                                      "version": engine.version})
+        trainer.save_state(run.checkpoint)
+    summary = {
+        "run_dir": str(run.path),
+        "model": cfg.model, "model_path": str(model_path), "env": env.name,
+        "heldout_tasks": len(heldout),
+        "base": base.as_dict(), "final": last.as_dict(),
+        "gain_pass1_points": 100 * (last.pass1 - base.pass1),
+        "steps": engine.version, "optimizer_steps": trainer.step_count,
+        "zero_signal_group_fraction": zero_groups / max(total_groups, 1),
+        "tokens_generated": tokens_generated,
+        "wall_seconds": time.perf_counter() - t_start,
+        "phase_seconds": phases.seconds,
+        "pass1_curve": curve,
+    }
+    run.write_summary(summary)
+    run.close()
+    return summary

@@ -1,0 +1,131 @@
+"""The trainer: turns scored rollouts into optimizer steps, and saves/restores its state.
+
+Stages, each its own function: `advantages_for` (rewards -> advantages per group),
+`rollouts_to_batch` (episodes -> padded token batch), `Trainer.grpo_step` (loss and
+optimizer steps). The loss itself is the pure `algorithms.grpo.grpo_loss`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .algorithms.grpo import LossAgg, group_advantages, grpo_loss
+from .logprobs import TokenBatch, make_batch, token_logprobs
+from .rollout import Rollout
+
+
+@dataclass
+class Advantages:
+    rollouts: list[Rollout]      # the rollouts kept for training
+    advantages: torch.Tensor     # [len(rollouts)]
+    groups: int                  # groups considered (with >= 2 valid members)
+    zero_signal_groups: int      # groups whose rewards were all equal
+
+
+def advantages_for(rollouts: Sequence[Rollout], group_size: int, scale_std: bool,
+                   drop_zero_signal: bool) -> Advantages:
+    """Group-normalised advantages. Groups are consecutive runs of `group_size` rollouts.
+
+    Rollouts with an infrastructure error are excluded before normalising, so a crashed
+    sandbox never counts as a failed attempt.
+    """
+    kept, advs, groups, zero = [], [], 0, 0
+    for start in range(0, len(rollouts), group_size):
+        grp = [r for r in rollouts[start:start + group_size] if r.ok]
+        if len(grp) < 2:
+            continue
+        groups += 1
+        adv, z = group_advantages(torch.tensor([r.reward for r in grp]), len(grp), scale_std)
+        if bool(z[0]):
+            zero += 1
+            if drop_zero_signal:
+                continue
+        kept += grp
+        advs.append(adv)
+    adv = torch.cat(advs) if advs else torch.zeros(0)
+    return Advantages(kept, adv, groups, zero)
+
+
+def rollouts_to_batch(rollouts: Sequence[Rollout], pad_id: int) -> TokenBatch:
+    """Prompt + episode tokens; loss on model-produced tokens only."""
+    seqs = [r.prompt_ids + r.token_ids for r in rollouts]
+    masks = [[0] * len(r.prompt_ids) + r.mask for r in rollouts]
+    logps = [[0.0] * len(r.prompt_ids) + r.logprobs for r in rollouts]
+    return make_batch(seqs, masks, logps, pad_id)
+
+
+class Trainer:
+    """AdamW over a model's parameters with warm-up, clipping and checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
+                 warmup_steps: int = 0, max_grad_norm: float = 1.0, ref_model: bool = False,
+                 betas: tuple[float, float] = (0.9, 0.99)) -> None:
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                                     betas=betas)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: min(1.0, (s + 1) / (warmup_steps + 1)))
+        self.max_grad_norm = max_grad_norm
+        self.step_count = 0
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
+
+    def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, *, temperature: float,
+                  clip_low: float, clip_high: float, beta: float, loss_agg: LossAgg,
+                  epochs: int = 1, minibatches: int = 1) -> dict:
+        """`epochs` x `minibatches` optimizer steps on one batch of rollouts.
+
+        batch: [N, L]; advantages: [N]. The PPO ratio is taken against the behaviour
+        log-probs stored in the batch, so later passes over the same batch stay correct.
+        """
+        self.model.train()
+        ref_logp = None
+        if self.ref is not None and beta > 0:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self.ref, batch, temperature)
+        n = len(batch)
+        agg: dict[str, float] = {}
+        count = 0
+        for _ in range(epochs):
+            order = torch.randperm(n)
+            for idx in order.chunk(minibatches):
+                mb = batch.select(idx)
+                logp = token_logprobs(self.model, mb, temperature)
+                loss, m = grpo_loss(logp, mb.old_logp, advantages[idx], mb.loss_mask,
+                                    clip_low=clip_low, clip_high=clip_high,
+                                    ref_logp=None if ref_logp is None else ref_logp[idx],
+                                    beta=beta, agg=loss_agg)
+                m["grad_norm"] = self._apply(loss)
+                for k, v in m.items():
+                    agg[k] = agg.get(k, 0.0) + v
+                count += 1
+        self.model.eval()
+        return {k: v / count for k, v in agg.items()}
+
+    def _apply(self, loss: torch.Tensor) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.step_count += 1
+        return float(norm)
+
+    def save_state(self, path: str | Path) -> None:
+        """Optimizer, scheduler and step count (the model is saved by checkpoint.save_model)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict()},
+                   path / "trainer_state.pt")
+        (path / "trainer.json").write_text(json.dumps({"step": self.step_count}))
+
+    def load_state(self, path: str | Path) -> None:
+        path = Path(path)
+        state = torch.load(path / "trainer_state.pt", weights_only=True)
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.step_count = json.loads((path / "trainer.json").read_text())["step"]

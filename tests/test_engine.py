@@ -1,0 +1,151 @@
+"""Engine: log-probs match a full forward pass, padding, stopping, weight swaps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gymloop.engine import Engine, SamplingParams, sample_next
+from gymloop.engine.sampling import left_pad
+from gymloop.logprobs import make_batch, token_logprobs
+
+from conftest import tiny_llama
+
+PROMPTS = [[3, 10, 11, 12], [3, 20, 21, 22, 23, 24, 25, 26], [3, 30]]
+
+
+def full_forward_logprobs(model, prompt, completion, temperature):
+    batch = make_batch([prompt + completion], [[0] * len(prompt) + [1] * len(completion)], None, 0)
+    with torch.no_grad():
+        lp = token_logprobs(model, batch, temperature)
+    return lp[0, len(prompt):]
+
+
+@pytest.mark.parametrize("backend", ["llama", "hf"])
+@pytest.mark.parametrize("kv_heads,model_type", [(4, "llama"), (2, "llama"), (2, "qwen2")])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_full_forward(tok, backend, kv_heads, model_type, temperature):
+    model = tiny_llama(tok.vocab_size, kv_heads=kv_heads, model_type=model_type)
+    if model_type == "qwen2":  # give the q/k/v biases non-zero values
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    eng = Engine(model, tok.pad_token_id, backend=backend)
+    out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=temperature, seed=1))
+    worst = 0.0
+    for p, g in zip(PROMPTS, out.generations):
+        ref = full_forward_logprobs(model, p, g.token_ids, temperature)
+        worst = max(worst, (ref - torch.tensor(g.logprobs)).abs().max().item())
+    assert worst <= 1e-4, worst
+
+
+def test_greedy_matches_hf_generate(tok, model):
+    eng = Engine(model, tok.pad_token_id)
+    out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0))
+    for p, g in zip(PROMPTS, out.generations):
+        ref = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert g.token_ids == ref[0, len(p):].tolist()
+
+
+def test_native_and_hf_backends_agree_under_sampling(tok, model):
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    a = Engine(model, tok.pad_token_id, backend="llama").generate(PROMPTS * 4, params)
+    b = Engine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 4, params)
+    # HF keeps finished rows and the native path drops them; with no stop token both sample
+    # every row at every step from the same generator, so the draws are the same.
+    assert [g.token_ids for g in a.generations] == [g.token_ids for g in b.generations]
+
+
+def test_stop_token_and_length(tok, model):
+    eng = Engine(model, tok.pad_token_id)
+    free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))
+    first = free.generations[1].token_ids[2]
+    out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(first,)))
+    g = out.generations[1]
+    assert g.finish_reason == "stop" and g.token_ids[-1] == first
+    assert len(g.token_ids) <= 3
+    assert all(len(x.token_ids) == 6 and x.finish_reason == "length"
+               for x in free.generations if first not in x.token_ids)
+    assert out.generated_tokens == sum(len(x.token_ids) for x in out.generations)
+
+
+def test_stop_string(tok, model):
+    eng = Engine(model, tok.pad_token_id, decode=tok.decode)
+    free = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, temperature=0.0))
+    text = tok.decode(free.generations[0].token_ids)
+    stop = text[2:4]
+    out = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, temperature=0.0, stop=(stop,)))
+    assert out.generations[0].finish_reason == "stop"
+    assert tok.decode(out.generations[0].token_ids).endswith(stop)
+
+
+def test_stop_string_without_tokenizer_is_an_error(tok, model):
+    eng = Engine(model, tok.pad_token_id)
+    with pytest.raises(ValueError, match="stop strings"):
+        eng.generate(PROMPTS, SamplingParams(max_new_tokens=2, stop=("x",)))
+
+
+def test_compaction_changes_nothing(tok, model):
+    """Dropping finished rows from the cache must not change any row's output."""
+    from gymloop.engine.sampling import run_generation
+
+    eng = Engine(model, tok.pad_token_id)
+    probe = eng.generate(PROMPTS * 3, SamplingParams(max_new_tokens=10, temperature=0.0))
+    stop = probe.generations[0].token_ids[1]
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(stop,))
+    eager = run_generation(eng.backend, PROMPTS * 3, params, tok.pad_token_id, None, compact_fraction=0.0)
+    never = run_generation(eng.backend, PROMPTS * 3, params, tok.pad_token_id, None, compact_fraction=2.0)
+    assert [g.token_ids for g in eager] == [g.token_ids for g in never]
+    assert max(abs(a - b) for x, y in zip(eager, never) for a, b in zip(x.logprobs, y.logprobs)) < 1e-5
+
+
+def test_load_weights_in_place(tok):
+    a, b = tiny_llama(tok.vocab_size, seed=0), tiny_llama(tok.vocab_size, seed=1)
+    eng = Engine(a, tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    before = eng.generate(PROMPTS, params)
+    copied = eng.load_weights(b.state_dict(), version=3)
+    assert copied > 0 and eng.version == 3 and eng.model is a
+    after = eng.generate(PROMPTS, params)
+    expect = Engine(b, tok.pad_token_id).generate(PROMPTS, params)
+    assert [g.token_ids for g in after.generations] == [g.token_ids for g in expect.generations]
+    assert after.version == 3 and before.version == 0
+    # Publishing the engine's own tensors copies nothing.
+    assert eng.load_weights(a.state_dict(), version=4) == 0
+
+
+def test_load_weights_rejects_bad_input(tok, model):
+    eng = Engine(model, tok.pad_token_id)
+    with pytest.raises(KeyError, match="not a parameter"):
+        eng.load_weights({"nope.weight": torch.zeros(1)}, version=1)
+    name = "model.norm.weight"
+    with pytest.raises(ValueError, match="shape"):
+        eng.load_weights({name: torch.zeros(7)}, version=1)
+
+
+def test_sampling_params_validation():
+    for bad in (dict(max_new_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+def test_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    gen = torch.Generator().manual_seed(0)
+    drawn = {sample_next(logits, 1.0, 0.7, gen)[0].item() for _ in range(200)}
+    assert drawn == {0, 1}
+    tok, lp = sample_next(logits, 0.0, 1.0, None)
+    assert tok.item() == 0 and abs(lp.item() - torch.log(torch.tensor(0.5)).item()) < 1e-6
+
+
+def test_left_pad_and_empty_prompt(tok, model):
+    ids, mask = left_pad([[5, 6], [7]], 0)
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[True, True], [False, True]]
+    with pytest.raises(ValueError, match="at least one token"):
+        Engine(model, tok.pad_token_id).generate([[]], SamplingParams())
+
+
+def test_unknown_backend(tok, model):
+    with pytest.raises(ValueError, match="unknown engine backend"):
+        Engine(model, tok.pad_token_id, backend="vllm")

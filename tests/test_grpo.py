@@ -1,0 +1,90 @@
+"""GRPO advantages and loss against values computed by hand."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gymloop.algorithms import group_advantages, grpo_loss, sft_loss
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    adv, zero = group_advantages(r, 4)
+    # group 1: mean 0.5, population std 0.5 -> +-1; group 2: all equal -> exactly 0
+    assert torch.allclose(adv, torch.tensor([1.0, -1, -1, 1, 0, 0, 0, 0]), atol=1e-5)
+    assert zero.tolist() == [False, True]
+    adv, _ = group_advantages(r, 4, scale_std=False)  # Dr. GRPO: no std scaling
+    assert torch.allclose(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    adv, _ = group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3)
+    mean, std = 1 / 3, math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
+    assert torch.allclose(adv, torch.tensor([(1 - mean) / std, -mean / std, -mean / std]), atol=1e-4)
+
+
+def test_group_advantages_rejects_ragged():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(torch.zeros(6), 4)
+
+
+def _batch():
+    # 4 sequences of width 4; trained tokens: 3, 1, 1, 1
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0]], dtype=torch.float)
+    old = torch.full((4, 4), -1.0) * mask
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    return mask, old, adv
+
+
+def test_on_policy_loss_by_hand():
+    mask, old, adv = _batch()
+    logp = old.clone().requires_grad_(True)
+    loss, m = grpo_loss(logp, old, adv, mask)
+    # ratio 1 everywhere: per-token loss = -adv; token-mean = -(3 - 1 - 1 + 1) / 6
+    assert loss.item() == pytest.approx(-2 / 6)
+    loss.backward()
+    expect = -adv[:, None] * mask / 6
+    assert torch.allclose(logp.grad, expect)
+    seq, _ = grpo_loss(old, old, adv, mask, agg="seq-mean")
+    assert seq.item() == pytest.approx(0.0)
+    assert m["clip_frac"] == 0.0 and m["approx_kl_behaviour"] == 0.0
+
+
+def test_clipped_loss_by_hand():
+    mask, old, adv = _batch()
+    shift = torch.zeros(4, 4)
+    shift[0] = math.log(1.5)   # adv > 0, ratio 1.5 > 1.28 -> clipped at 1.28
+    shift[1] = math.log(0.5)   # adv < 0, ratio 0.5 < 0.8  -> clipped at 0.8
+    logp = (old + shift * mask).requires_grad_(True)
+    loss, m = grpo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # seq0: 3 * -1.28; seq1: +0.8; seq2: +1; seq3: -1  -> sum -3.04 over 6 tokens
+    assert loss.item() == pytest.approx(-3.04 / 6, abs=1e-6)
+    loss.backward()
+    # Clipped tokens carry no gradient; unclipped ones -adv * ratio / 6.
+    expect = torch.zeros(4, 4)
+    expect[2, 1], expect[3, 1] = 1 / 6, -1 / 6
+    assert torch.allclose(logp.grad, expect, atol=1e-6)
+    assert m["clip_frac"] == pytest.approx(4 / 6)
+
+
+def test_kl_penalty_by_hand():
+    mask, old, adv = _batch()
+    ref = old + 0.5 * mask                      # d = ref - logp = 0.5 on every trained token
+    loss0, _ = grpo_loss(old, old, adv, mask)
+    loss, m = grpo_loss(old, old, adv, mask, ref_logp=ref, beta=0.1)
+    k3 = math.exp(0.5) - 0.5 - 1
+    assert m["kl_ref"] == pytest.approx(k3, abs=1e-6)
+    assert loss.item() == pytest.approx(loss0.item() + 0.1 * k3, abs=1e-6)
+
+
+def test_unknown_aggregation():
+    mask, old, adv = _batch()
+    with pytest.raises(ValueError, match="aggregation"):
+        grpo_loss(old, old, adv, mask, agg="sum")  # type: ignore[arg-type]
+
+
+def test_sft_loss_by_hand():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    loss, m = sft_loss(logp, mask)
+    assert loss.item() == pytest.approx(-(math.log(0.25) + math.log(0.9)) / 2, abs=1e-6)
+    assert m["tokens"] == 2

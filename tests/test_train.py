@@ -1,0 +1,183 @@
+"""Training: RL learns an easy task, checkpoints round-trip, configs fail clearly, CLI runs."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import yaml
+
+from gymloop.checkpoint import load_model, save_model
+from gymloop.config import ConfigError, TrainConfig, load_config
+from gymloop.engine import Engine, SamplingParams
+from gymloop.envs import REGISTRY, Score, Task
+from gymloop.envs.base import Environment
+from gymloop.rollout import collect
+from gymloop.trainer import Trainer, advantages_for, rollouts_to_batch
+
+from conftest import tiny_llama
+
+
+class DigitEnv(Environment):
+    """Easily learnable: reward 1 when the reply starts with a digit (~10% of a random policy)."""
+
+    name = "digit"
+
+    def sample_tasks(self, n, split, seed):
+        rng = random.Random(f"{split}{seed}")
+        return [Task(id=f"d{split}{seed}:{i}", env=self.name,
+                     prompt=({"role": "user", "content": rng.choice("abcxyz")},), answer=None, split=split)
+                for i in range(n)]
+
+    def verify(self, task, messages):
+        text = messages[-1]["content"]
+        ok = float(bool(text) and text[0].isdigit())
+        return Score(ok, {"correct": ok}, "digit" if ok else "not a digit")
+
+
+def test_short_rl_run_learns_easy_task(tok):
+    torch.manual_seed(0)
+    model = tiny_llama(tok.vocab_size, seed=3)
+    engine = Engine(model, tok.pad_token_id)
+    trainer = Trainer(model, lr=3e-2, warmup_steps=0)
+    env = DigitEnv()
+    rewards = []
+    for step in range(60):
+        tasks = env.sample_tasks(8, "train", step)
+        rolls, _ = collect(engine, tok, env, tasks, 8, SamplingParams(max_new_tokens=1, seed=step))
+        rewards.append(sum(r.reward for r in rolls) / len(rolls))
+        adv = advantages_for(rolls, 8, scale_std=True, drop_zero_signal=True)
+        if adv.rollouts:
+            trainer.grpo_step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages,
+                              temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0, loss_agg="token-mean")
+        engine.load_weights(model.state_dict(), version=step + 1)
+        if sum(rewards[-3:]) / 3 >= 0.9:
+            break
+    assert rewards[0] < 0.5
+    assert sum(rewards[-3:]) / 3 >= 0.9, rewards
+
+
+def test_infrastructure_errors_are_excluded_not_zero(tok, model):
+    class Broken(DigitEnv):
+        def verify(self, task, messages):
+            if task.id.endswith(":0"):
+                raise RuntimeError("sandbox crashed")
+            return super().verify(task, messages)
+
+    engine = Engine(model, tok.pad_token_id)
+    rolls, stats = collect(engine, tok, Broken(), Broken().sample_tasks(2, "train", 0), 4,
+                           SamplingParams(max_new_tokens=1, seed=0))
+    assert stats.errors == 4
+    assert all(not r.ok and "sandbox crashed" in r.score.error for r in rolls[:4])
+    adv = advantages_for(rolls, 4, True, drop_zero_signal=False)
+    assert all(r.ok for r in adv.rollouts) and len(adv.rollouts) == 4
+
+
+def test_checkpoint_round_trip_gives_identical_logits(tok, tmp_path):
+    model = tiny_llama(tok.vocab_size, seed=5)
+    trainer = Trainer(model, lr=1e-3)
+    ids = torch.tensor([tok.prompt_ids([{"role": "user", "content": "12+34="}])])
+    loss = model(input_ids=ids).logits.square().mean()
+    trainer._apply(loss)
+    save_model(model, tok, tmp_path / "ckpt")
+    trainer.save_state(tmp_path / "ckpt")
+    again, tok2 = load_model(tmp_path / "ckpt")
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
+    assert tok2.encode("12+34=") == tok.encode("12+34=")
+    t2 = Trainer(again, lr=1e-3)
+    t2.load_state(tmp_path / "ckpt")
+    assert t2.step_count == 1
+    assert torch.equal(t2.opt.state_dict()["state"][0]["exp_avg"], trainer.opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a model directory"):
+        load_model(tmp_path)
+
+
+def write(path, data):
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+@pytest.mark.parametrize("data,needle", [
+    ({"grpo": {"stepz": 3}}, "grpo.stepz: unknown field"),
+    ({"grpo": {"group_size": 1}}, "grpo.group_size"),
+    ({"sampling": {"temperature": -1}}, "sampling.temperature"),
+    ({"env": {"name": "nope"}}, "unknown environment 'nope'"),
+    ({"env": {"options": {"ops": "/"}}}, "ops"),
+    ({"grpo": {"loss_agg": "sum"}}, "grpo.loss_agg"),
+    ({"name": "bad name"}, "name"),
+    ("[1, 2", "not valid YAML"),
+    ("- a\n- b\n", "must hold a mapping"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, data, needle):
+    with pytest.raises(ConfigError, match="invalid config|YAML|mapping") as exc:
+        load_config(write(tmp_path / "c.yaml", data))
+    assert needle in str(exc.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.yaml")
+
+
+def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
+    from gymloop.cli import main
+
+    assert main(["train", str(write(tmp_path / "c.yaml", {"grpo": {"lr": "fast"}}))]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.lr" in err and "error" in err
+
+
+def test_cli_train_and_eval_smoke(tmp_path, tiny_model_dir, capsys):
+    """`gymloop train` with a tiny budget writes a complete run directory."""
+    from gymloop.cli import main
+
+    cfg = {"model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "name": "smoke",
+           "sampling": {"max_new_tokens": 4},
+           "grpo": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "drop_zero_signal": False},
+           "eval": {"tasks": 20, "every": 2, "ks": [2], "samples": 2, "max_new_tokens": 4}}
+    assert main(["train", str(write(tmp_path / "c.yaml", cfg)), "--quiet"]) == 0
+    run = next((tmp_path / "runs").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["heldout_tasks"] == 20
+    assert set(summary["phase_seconds"]) >= {"generation", "training", "evaluation", "verification"}
+    assert summary["tokens_generated"] > 0 and "2" in {str(k) for k in summary["final"]["pass_at_k"]}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+    assert TrainConfig.model_validate(yaml.safe_load((run / "config.yaml").read_text())).grpo.steps == 3
+    load_model(run / "checkpoint")
+    assert "held-out pass@1" in capsys.readouterr().out
+    assert main(["eval", "--model", str(run / "checkpoint"), "--tasks", "20", "--k", "1,2", "--quiet"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tasks"] == 20 and set(res["pass_at_k"]) == {"1", "2"}
+
+
+def test_cli_pretrain_smoke(tmp_path, capsys):
+    from gymloop.cli import main
+
+    assert main(["pretrain", "--steps", "3", "--cache-dir", str(tmp_path), "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 3 and (tmp_path / "models").exists()
+    # cached: a second call does not pre-train again (the directory is reused untouched)
+    stamp = (next((tmp_path / "models").iterdir()) / "model.safetensors").stat().st_mtime_ns
+    assert main(["pretrain", "--steps", "3", "--cache-dir", str(tmp_path), "--quiet"]) == 0
+    assert (next((tmp_path / "models").iterdir()) / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_pass_at_k_by_hand():
+    from gymloop.evaluate import pass_at_k
+
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)   # 1 - C(3,2)/C(4,2)
+    with pytest.raises(ValueError):
+        pass_at_k(1, 0, 2)
+
+
+def test_registry_lists_arith():
+    assert "arith" in REGISTRY
