@@ -21,6 +21,7 @@ from ..algorithms.sft import sft_loss
 from ..chat import ChatTokenizer, build_char_tokenizer
 from ..envs.arith import ArithConfig, ArithEnv
 from ..logprobs import make_batch, token_logprobs
+from ..progress import progress as progress_bar
 
 # Bump when the pre-training code changes in a way that changes the weights.
 RECIPE_VERSION = 1
@@ -87,8 +88,6 @@ def corpus_batch(envs: list[ArithEnv], tok: ChatTokenizer, rng: random.Random, n
 
 def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, ChatTokenizer, dict]:
     """Pre-train from random weights for `cfg.steps` steps; returns model, tokenizer, stats."""
-    from tqdm.auto import tqdm
-
     tok = ChatTokenizer(build_char_tokenizer())
     model = build_model(cfg, tok).train()
     envs = [ArithEnv(c) for c in cfg.corpus]
@@ -99,7 +98,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / cfg.steps)).item())
     )
     t0, losses = time.perf_counter(), []
-    bar = tqdm(range(cfg.steps), desc="pretrain nano", disable=not progress, unit="step")
+    bar = progress_bar(range(cfg.steps), "pretrain nano", progress)
     for step in bar:
         batch = corpus_batch(envs, tok, rng, cfg.batch_size, cfg.loss_on)
         # Position 0 has no prediction; the first token's mask entry is ignored.

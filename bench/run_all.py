@@ -1,0 +1,19 @@
+"""`make bench`: every benchmark, each printing its own table (results also in bench/results/)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SCRIPTS = ["engine_bench.py", "train_bench.py", "grpo_vs_trl.py"]
+
+if __name__ == "__main__":
+    failed = []
+    for script in SCRIPTS:
+        print(f"\n=== {script} ===", flush=True)
+        if subprocess.call([sys.executable, str(HERE / script)], cwd=HERE) != 0:
+            failed.append(script)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+        sys.exit(1)
