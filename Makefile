@@ -10,7 +10,15 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: demo test bench install dev clean-venv
 
-$(VENV)/.torch:
+# System packages: bubblewrap for the sandbox (installed when root and missing).
+$(VENV)/.system:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap; \
+	  else echo "note: bubblewrap missing; install it (apt-get install bubblewrap) for the sandbox"; fi; \
+	fi
+	mkdir -p $(VENV) && touch $@
+
+$(VENV)/.torch: $(VENV)/.system
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install "$(TORCH)"

@@ -98,6 +98,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox_run(args: argparse.Namespace) -> int:
+    from .sandbox import Limits, Pool
+
+    source = Path(args.file).read_text()
+    limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb, cpus=args.cpus)
+    with Pool(slots=1, isolation=args.isolation, limits=limits, pin_cores=args.cpus is not None) as pool:
+        result = pool.run(source=source)
+    print(json.dumps(result.as_dict(), indent=2))
+    return 0 if result.error is None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -132,16 +143,29 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
+
+    sb = sub.add_parser("sandbox", help="run untrusted code in the sandbox")
+    sbs = sb.add_subparsers(dest="sandbox_command", required=True)
+    sr = sbs.add_parser("run", help="run a Python file sandboxed; print the Result as JSON")
+    sr.add_argument("file")
+    sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds")
+    sr.add_argument("--memory-mb", type=int, default=512)
+    sr.add_argument("--cpus", type=int, default=None, help="pin to this many cores")
+    sr.add_argument("--isolation", choices=["bwrap", "none"], default="bwrap")
+    sr.set_defaults(fn=cmd_sandbox_run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     from .config import ConfigError
+    from .sandbox import SandboxUnavailable
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ValidationError, SandboxUnavailable) as exc:
         print(f"gymloop {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

