@@ -109,6 +109,38 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 0 if result.error is None else 1
 
 
+def cmd_envs(args: argparse.Namespace) -> int:
+    from .envs import DESCRIPTIONS, make_env
+
+    if args.envs_command == "list":
+        for name, desc in DESCRIPTIONS.items():
+            print(f"{name:<10} {desc}")
+        return 0
+    if args.envs_command == "load":
+        from .envs.jsonl import load_tasks
+
+        tasks, errors = load_tasks(args.file)
+        for e in errors:
+            print(e, file=sys.stderr)
+        print(json.dumps({"loaded": len(tasks), "errors": len(errors)}))
+        return 0 if not errors else 1
+    from .envs.validate import validate
+
+    names = list(DESCRIPTIONS) if args.env == "all" else [args.env]
+    ok = True
+    for name in names:
+        env = make_env(name)
+        v = validate(env, n=args.n)
+        ok &= v.ok
+        print(f"{v.env:<10} {'ok' if v.ok else 'FAILED'}  gold {v.gold_passed}/{v.tasks} scored 1.0, "
+              f"known-wrong {v.wrong_rejected}/{v.wrong_checked} scored < 1.0")
+        for e in v.errors[:5]:
+            print(f"  {e}")
+        if hasattr(env, "close"):
+            env.close()
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -143,6 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
+
+    ev = sub.add_parser("envs", help="list, validate and load environments' tasks")
+    evs = ev.add_subparsers(dest="envs_command", required=True)
+    evs.add_parser("list", help="the registered environments").set_defaults(fn=cmd_envs)
+    va = evs.add_parser("validate", help="gold episodes score 1.0, known-wrong ones less")
+    va.add_argument("env", help="an environment name (tools@v2 works), or 'all'")
+    va.add_argument("--n", type=int, default=20, help="tasks to check")
+    va.set_defaults(fn=cmd_envs)
+    lo = evs.add_parser("load", help="check a JSONL task file (errors name the line)")
+    lo.add_argument("file")
+    lo.set_defaults(fn=cmd_envs)
 
     sb = sub.add_parser("sandbox", help="run untrusted code in the sandbox")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)

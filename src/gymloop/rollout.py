@@ -113,17 +113,27 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
         stats.env_seconds += time.perf_counter() - t0
         live = still
     t0 = time.perf_counter()
-    for r in rollouts:
-        r.score = _verify(env, r)
+    for r, score in zip(rollouts, _verify(env, rollouts)):
+        r.score = score
         stats.errors += 0 if r.ok else 1
     stats.env_seconds += time.perf_counter() - t0
     stats.episodes = len(rollouts)
     return rollouts, stats
 
 
-def _verify(env: Environment, r: Rollout) -> Score:
-    # A verifier that raises is a harness failure, recorded as an error, never as reward 0.
+def _verify(env: Environment, rollouts: list[Rollout]) -> list[Score]:
+    """Scores of all episodes (batched, so code environments use their sandbox pool).
+
+    A verifier that raises is a harness failure, recorded as an error, never as reward 0.
+    """
     try:
-        return env.verify(r.task, r.messages)
-    except Exception as exc:  # noqa: BLE001 - any verifier bug must be contained and reported
-        return Score(0.0, {}, "verifier raised", error=f"{type(exc).__name__}: {exc}")
+        return env.verify_batch([(r.task, r.messages) for r in rollouts])
+    except Exception:  # noqa: BLE001 - fall back to one at a time to find the failing ones
+        pass
+    out = []
+    for r in rollouts:
+        try:
+            out.append(env.verify(r.task, r.messages))
+        except Exception as exc:  # noqa: BLE001 - any verifier bug must be contained and reported
+            out.append(Score(0.0, {}, "verifier raised", error=f"{type(exc).__name__}: {exc}"))
+    return out

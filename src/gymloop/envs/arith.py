@@ -61,8 +61,12 @@ def evaluate(expr: str) -> int:
 
 
 def parse_answer(text: str) -> int | None:
-    found = _INT.findall(text)
-    return int(found[-1]) if found else None
+    """The last integer in `text`; None if there is none or it is absurdly long (> 40 digits,
+    which int() would refuse past 4300 digits anyway)."""
+    found = _INT.findall(text[-10_000:])
+    if not found or len(found[-1].lstrip("-")) > 40:
+        return None
+    return int(found[-1])
 
 
 class ArithEnv(Environment):
@@ -123,3 +127,6 @@ class ArithEnv(Environment):
 
     def gold_reply(self, task: Task) -> str:
         return str(task.answer)
+
+    def wrong_turns(self, task: Task) -> list[str]:
+        return [str(task.answer + 1)]

@@ -86,6 +86,30 @@ class Environment(ABC):
     def verify(self, task: Task, messages: list[Message]) -> Score:
         """Score a finished episode (its full message list, ending with the model's reply)."""
 
+    def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
+        """Score many episodes; environments that run code override this to use a pool."""
+        return [self.verify(t, m) for t, m in items]
+
     def gold_reply(self, task: Task) -> str:
-        """A reply that must score 1.0 (used by `validate`)."""
+        """A reply that must score 1.0 (single-turn environments)."""
         raise NotImplementedError
+
+    def gold_turns(self, task: Task) -> list[str]:
+        """The model turns of an episode that must score 1.0 (used by `validate`)."""
+        return [self.gold_reply(task)]
+
+    def wrong_turns(self, task: Task) -> list[str] | None:
+        """Turns of a known-wrong episode, which must score below 1.0 (None: no such check)."""
+        return None
+
+
+def play(env: Environment, task: Task, turns: list[str]) -> tuple[list[Message], Score]:
+    """Run scripted model turns through the environment protocol and verify the episode."""
+    messages = env.reset(task)
+    for i, text in enumerate(turns):
+        messages.append({"role": "assistant", "content": text})
+        step = env.step(task, messages, text)
+        if step.done or i == len(turns) - 1:
+            break
+        messages += [dict(m) for m in step.observation]
+    return messages, env.verify(task, messages)

@@ -1,0 +1,203 @@
+"""The gym: tool-call parsing, versioned tools and drift, code in the sandbox, JSONL tasks."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gymloop.engine import Generation, GenerationBatch
+from gymloop.envs import DESCRIPTIONS, make_env, play
+from gymloop.envs.jsonl import load_tasks
+from gymloop.envs.toolcall import format_call, parse_tool_calls
+from gymloop.envs.validate import validate
+from gymloop.evaluate import evaluate
+from gymloop.rollout import collect
+from gymloop.sandbox import find_bwrap
+
+needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed")
+
+
+# --- tool calls -------------------------------------------------------------------------
+def test_parse_tool_calls_robustly():
+    p = parse_tool_calls('I will look. <tool_call>{"name": "get_stock", "arguments": {"item": "fig"}}</tool_call>')
+    assert [(c.name, c.arguments) for c in p.calls] == [("get_stock", {"item": "fig"})] and not p.errors
+    assert p.text == "I will look."
+    p = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
+    assert p.calls[0].arguments == {"a": 1}
+    for bad, msg in [('<tool_call>{"name": "f", </tool_call>', "not valid JSON"),
+                     ('<tool_call>[1, 2]</tool_call>', 'string "name"'),
+                     ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object"),
+                     ('<tool_call>{"name": "f"}', "unclosed")]:
+        p = parse_tool_calls(bad)
+        assert not p.calls and msg in p.errors[0], (bad, p.errors)
+
+
+@pytest.mark.parametrize("reply", [
+    '<tool_call>{"name": "get_stock", "arguments": {"item": "fig"</tool_call>',    # malformed JSON
+    '<tool_call>{"name": "launch_missiles", "arguments": {}}</tool_call>',         # unknown tool
+    '<tool_call>{"name": "get_stock", "arguments": {"sku": "fig"}}</tool_call>',   # wrong argument
+    "<tool_call>" + "x" * 100_000,                                                  # 100 KB of output
+    "7" * 100_000,
+])
+def test_bad_model_output_gets_an_error_observation_not_a_crash(reply):
+    env = make_env("tools")
+    task = env.sample_tasks(1, "train", 0)[0]
+    msgs = env.reset(task) + [{"role": "assistant", "content": reply}]
+    step = env.step(task, msgs, reply)
+    if not step.done:
+        payload = json.loads(re.search(r"<tool_response>(.*)</tool_response>", step.observation[0]["content"]).group(1))
+        assert "error" in payload
+    score = env.verify(task, msgs)
+    assert score.reward == 0.0 and score.error is None
+
+
+# --- versioned tools and drift ----------------------------------------------------------
+def test_tool_api_versions_differ_and_are_recorded():
+    v1, v2 = make_env("tools", version=1), make_env("tools@v2")
+    assert (v1.name, v2.name) == ("tools@v1", "tools@v2")
+    t1, t2 = v1.sample_tasks(5, "heldout", 0), v2.sample_tasks(5, "heldout", 0)
+    assert "get_stock" in t1[0].prompt[0]["content"] and "lookup_item" in t2[0].prompt[0]["content"]
+    assert "get_stock" not in t2[0].prompt[0]["content"]
+    assert all(t.info["version"] == 2 for t in t2)
+    _, s = play(v2, t2[0], v2.gold_turns(t2[0]))
+    assert s.reward == 1.0 and s.components["version"] == 2.0
+    # the v2 result format is different
+    step = v2.step(t2[0], v2.reset(t2[0]) + [{"role": "assistant", "content": v2.gold_turns(t2[0])[0]}],
+                   v2.gold_turns(t2[0])[0])
+    assert '"quantity"' in step.observation[0]["content"] and '"count"' not in step.observation[0]["content"]
+
+
+class V1Policy:
+    """A scripted agent that learned tools@v1 and nothing else, served as an engine.
+
+    It reads the rendered conversation (as a model would), calls the v1 tools, and answers
+    with the `count` it was given; on any other reply it answers 0. It runs through the real
+    rollout path: token ids across turns, observations appended and masked.
+    """
+
+    version = 0
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def _reply(self, text: str) -> str:
+        user = text.rsplit("<|user|>", 1)[1]
+        item = re.search(r"(?:many|Add \d+) (\w+)", user).group(1)
+        add = re.search(r"Add (\d+)", user)
+        if "<|tool|>" not in text:
+            if add:
+                return format_call("add_stock", {"item": item, "count": int(add.group(1))})
+            return format_call("get_stock", {"item": item})
+        last = json.loads(re.findall(r"<tool_response>(.*?)</tool_response>", text)[-1])
+        return str(last.get("count", 0))
+
+    def generate(self, prompts, params):
+        gens = []
+        for p in prompts:
+            ids = self.tok.encode(self._reply(self.tok.decode(p, skip_special_tokens=False)))
+            ids.append(self.tok.hf.eos_token_id)
+            gens.append(Generation(ids, [0.0] * len(ids), "stop"))
+        return GenerationBatch(gens, sum(map(len, prompts)), sum(len(g.token_ids) for g in gens), 0.0, 0)
+
+
+def test_drift_v1_policy_scores_lower_on_v2(tok):
+    policy = V1Policy(tok)
+    results = {}
+    for name in ("tools@v1", "tools@v2"):
+        env = make_env(name)
+        res = evaluate(policy, tok, env, env.sample_tasks(40, "heldout", 0), max_new_tokens=64, max_turns=3)
+        results[res.env] = res.mean_reward
+    assert set(results) == {"tools@v1", "tools@v2"}      # eval output names the version
+    assert results["tools@v1"] == 1.0 and results["tools@v2"] <= 0.2, results
+
+
+def test_multi_turn_rollout_keeps_sampled_ids_and_masks_observations(tok):
+    env = make_env("tools")
+    rolls, _ = collect(V1Policy(tok), tok, env, env.sample_tasks(3, "train", 0), 1,
+                       __import__("gymloop").SamplingParams(max_new_tokens=64), max_turns=3)
+    for r in rolls:
+        assert r.turns == 2 and r.reward == 1.0
+        assert len(r.token_ids) == len(r.mask) == len(r.logprobs)
+        model = [t for t, m in zip(r.token_ids, r.mask) if m]
+        obs = [t for t, m in zip(r.token_ids, r.mask) if not m]
+        assert tok.decode(obs, skip_special_tokens=False).startswith("<|tool|><tool_response>")
+        assert "<tool_call>" in tok.decode(model)
+        # the observation is appended after the model's own tokens, never re-tokenized
+        assert r.token_ids[: r.mask.index(0)] == model[: r.mask.index(0)]
+
+
+# --- validation, code, humaneval -----------------------------------------------------------
+@needs_bwrap
+@pytest.mark.parametrize("name", list(DESCRIPTIONS) + ["tools@v2"])
+def test_validate_every_builtin_environment(name):
+    env = make_env(name)
+    v = validate(env, n=12)
+    assert v.ok, v.errors
+    assert v.gold_passed == v.tasks == 12 and v.wrong_rejected == v.wrong_checked == 12
+    getattr(env, "close", lambda: None)()
+
+
+@needs_bwrap
+def test_humaneval_all_canonical_pass_and_stubs_fail():
+    from gymloop.envs.humaneval import HumanEvalEnv
+
+    env = HumanEvalEnv()
+    tasks = env.sample_tasks(164, "heldout", 0)
+    gold = env.verify_batch([(t, [*t.prompt, {"role": "assistant", "content": env.gold_reply(t)}]) for t in tasks])
+    stub = env.verify_batch([(t, [*t.prompt, {"role": "assistant", "content": env.wrong_turns(t)[0]}]) for t in tasks])
+    env.close()
+    assert sum(s.reward == 1.0 for s in gold) == 164 and not any(s.error for s in gold)
+    assert sum(s.reward == 1.0 for s in stub) == 0 and not any(s.error for s in stub)
+    with pytest.raises(ValueError, match="evaluation-only"):
+        env.sample_tasks(3, "train", 0)
+
+
+@needs_bwrap
+def test_code_partial_credit_and_hostile_solutions():
+    env = make_env("code", levels=[1])
+    task = env.sample_tasks(1, "train", 0)[0]
+    score = lambda code: env.verify(task, [*task.prompt, {"role": "assistant", "content": code}])  # noqa: E731
+    assert score(env.gold_reply(task)).reward == 1.0
+    (args0, want0), _ = task.answer[0], None
+    s = score(f"def solve(*a):\n    return {want0!r} if list(a) == {list(args0)!r} else None\n")
+    assert 0.0 < s.reward < 1.0 and s.components["all_passed"] == 0.0
+    s = score("while True: pass")
+    assert s.reward == 0.0 and "timed out" in s.reason and s.error is None
+    s = score("import os\nos.system('rm -rf /')\ndef solve(x): return 1")
+    assert s.error is None
+    s = score("syntax error here(")
+    assert s.reward == 0.0 and "import failed" in s.reason
+    env.close()
+
+
+def test_jsonl_bad_line_is_named_and_good_lines_load(tmp_path):
+    f = tmp_path / "tasks.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"id": "a", "env": "arith", "prompt": "1+1=", "answer": 2}),
+        "{not json",
+        json.dumps({"id": "b", "env": "arith"}),
+        json.dumps({"id": "c", "env": "arith", "prompt": [{"role": "user", "content": "2+2="}], "answer": 4,
+                    "split": "heldout", "source": "production"}),
+        json.dumps({"id": "d", "env": "arith", "prompt": "x", "split": "test"}),
+        json.dumps({"id": "e", "env": "arith", "prompt": "x", "colour": "red"}),
+    ]) + "\n")
+    tasks, errors = load_tasks(f)
+    assert [t.id for t in tasks] == ["a", "c"]
+    assert tasks[1].split == "heldout" and tasks[1].source == "production"
+    assert [e.split(":")[1] for e in errors] == ["2", "3", "5", "6"]
+    assert "missing field(s) ['prompt']" in errors[1] and "unknown field(s) ['colour']" in errors[3]
+
+
+def test_cli_envs(tmp_path, capsys):
+    from gymloop.cli import main
+
+    assert main(["envs", "list"]) == 0
+    assert "tools" in capsys.readouterr().out
+    assert main(["envs", "validate", "tools@v2", "--n", "5"]) == 0
+    assert "tools@v2   ok" in capsys.readouterr().out
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"id": "a", "env": "arith", "prompt": "1+1="}\nbad\n')
+    assert main(["envs", "load", str(f)]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"loaded": 1, "errors": 1} and ":2:" in captured.err
