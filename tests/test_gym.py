@@ -201,3 +201,15 @@ def test_cli_envs(tmp_path, capsys):
     assert main(["envs", "load", str(f)]) == 1
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"loaded": 1, "errors": 1} and ":2:" in captured.err
+
+
+def test_reasoning_gym_adapter():
+    pytest.importorskip("reasoning_gym", reason="pip install reasoning-gym")
+    env = make_env("reasoning_gym", dataset="basic_arithmetic", size=200)
+    assert env.name == "rg:basic_arithmetic"
+    t = env.sample_tasks(1, "heldout", 0)[0]
+    reply = lambda text: env.verify(t, [*t.prompt, {"role": "assistant", "content": text}])  # noqa: E731
+    assert reply(f"Let me think. Answer: {t.answer}").reward == 1.0
+    assert reply("Answer: 123456789").reward < 1.0
+    with pytest.raises(ValueError, match="'nope'"):
+        make_env("reasoning_gym", dataset="nope")

@@ -31,12 +31,19 @@ def _humaneval(**kw) -> Environment:
     return HumanEvalEnv(HumanEvalConfig(**kw))
 
 
+def _reasoning_gym(**kw) -> Environment:
+    from .reasoning_gym import ReasoningGymConfig, ReasoningGymEnv
+
+    return ReasoningGymEnv(ReasoningGymConfig(**kw))
+
+
 REGISTRY: dict[str, Callable[..., Environment]] = {
     "arith": lambda **kw: ArithEnv(ArithConfig(**kw)),
     "tools": _tools,
     "code": _code,
     "code-repo": _code_repo,
     "humaneval": _humaneval,
+    "reasoning_gym": _reasoning_gym,
 }
 DESCRIPTIONS = {
     "arith": "procedural arithmetic; the last integer of the reply is checked",
@@ -44,6 +51,7 @@ DESCRIPTIONS = {
     "code": "write a Python function; hidden tests run in the sandbox",
     "code-repo": "fix a bug in a tiny multi-file project; its own unittest suite decides",
     "humaneval": "the 164 HumanEval problems, their own tests in the sandbox",
+    "reasoning_gym": "any reasoning-gym dataset (dataset: NAME), scored by its own scorer",
 }
 
 
