@@ -26,12 +26,13 @@ from gymloop.evaluate import evaluate
 from gymloop.train import train
 
 
-def run_gymloop(args) -> dict:
+def run_gymloop(args, max_staleness: int = 0) -> dict:
     cfg = TrainConfig(
         model="nano", name="bench-gymloop", run_dir=tempfile.mkdtemp(), threads=args.threads,
         sampling=SamplingConfig(max_new_tokens=6),
         grpo=GRPOConfig(steps=args.max_steps, prompts_per_step=16, group_size=8, lr=args.lr,
-                        warmup_steps=20, betas=(0.9, 0.999), clip_low=0.2, clip_high=0.28),
+                        warmup_steps=20, betas=(0.9, 0.999), clip_low=0.2, clip_high=0.28,
+                        max_staleness=max_staleness),
         eval=EvalConfig(tasks=args.tasks, every=args.every, max_new_tokens=6),
         stop_at_pass1=args.target,
     )
@@ -102,11 +103,13 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-trl", action="store_true", help="only gymloop (sync and async)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     resolve_model("nano")
     ours = run_gymloop(args)
-    theirs = run_trl(args)
+    ours_async = run_gymloop(args, max_staleness=1)
+    theirs = run_trl(args) if not args.skip_trl else None
 
     def fmt(r):
         return f"{r['seconds_to_target']:.1f}" if r["seconds_to_target"] is not None else f"> {r['curve'][-1]['train_seconds']:.0f} (not reached)"
@@ -117,17 +120,24 @@ def main() -> None:
 
     rows = [["system", "base pass@1", f"steps to {args.target:.0%}", f"seconds to {args.target:.0%}",
              "s/step", "last pass@1"]]
-    for name, r in (("gymloop", ours), ("TRL GRPOTrainer", theirs)):
+    systems = [("gymloop (sync)", ours), ("gymloop (async, staleness 1)", ours_async)]
+    systems += [("TRL GRPOTrainer", theirs)] if theirs else []
+    for name, r in systems:
         rows.append([name, f"{r['base']:.3f}", str(r["steps_to_target"] or "-"), fmt(r), per_step(r),
                      f"{r['curve'][-1]['pass1']:.3f}"])
     print(f"GRPO to {args.target:.0%} held-out pass@1 on 2-digit addition ({args.tasks} held-out tasks), "
           f"G=8, 16 prompts/step, lr {args.lr}, {args.threads} thread(s)")
     print(common.table(rows))
-    if ours["seconds_to_target"] and theirs["seconds_to_target"]:
-        print(f"speed-up (TRL seconds / gymloop seconds): {theirs['seconds_to_target'] / ours['seconds_to_target']:.2f}x")
-    elif ours["seconds_to_target"]:
-        print(f"speed-up: > {theirs['curve'][-1]['train_seconds'] / ours['seconds_to_target']:.2f}x (TRL did not reach the target)")
-    common.save("grpo_vs_trl", {"args": vars(args), "gymloop": ours, "trl": theirs})
+    for name, r in systems[:2]:
+        if not theirs:
+            break
+        if r["seconds_to_target"] and theirs["seconds_to_target"]:
+            print(f"speed-up of {name} (TRL seconds / gymloop seconds): "
+                  f"{theirs['seconds_to_target'] / r['seconds_to_target']:.2f}x")
+        elif r["seconds_to_target"]:
+            print(f"speed-up of {name}: > {theirs['curve'][-1]['train_seconds'] / r['seconds_to_target']:.2f}x "
+                  "(TRL did not reach the target)")
+    common.save("grpo_vs_trl", {"args": vars(args), "gymloop": ours, "gymloop_async": ours_async, "trl": theirs})
 
 
 if __name__ == "__main__":

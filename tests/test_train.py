@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +182,53 @@ def test_pass_at_k_by_hand():
 
 def test_registry_lists_arith():
     assert "arith" in REGISTRY
+
+
+def _digit_cfg(tmp_path, tiny_model_dir, **grpo):
+    return TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": 40, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **grpo},
+        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1}})
+
+
+@pytest.fixture()
+def digit_env(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+
+
+def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, digit_env):
+    from gymloop.train import train
+
+    s = train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1), progress=False, echo=lambda m: None)
+    records = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    train_recs = [r for r in records if r["kind"] == "train"]
+    assert len(train_recs) == 40 and max(r["staleness"] for r in train_recs) <= 1
+    assert sum(r["reward"] for r in train_recs[-5:]) / 5 >= 0.8
+    assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]
+
+
+def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
+    from gymloop.train import train
+
+    runs = [train(_digit_cfg(tmp_path / str(i), tiny_model_dir, steps=5), progress=False, echo=lambda m: None)
+            for i in range(2)]
+    rewards = [[json.loads(x)["reward"] for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+                if json.loads(x)["kind"] == "train"] for s in runs]
+    assert rewards[0] == rewards[1] and all(r["staleness"] == 0 for r in [
+        json.loads(x) for x in (Path(runs[0]["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        if r["kind"] == "train")
+
+
+def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeypatch):
+    from gymloop.train import train
+
+    class Dying(DigitEnv):
+        def sample_tasks(self, n, split, seed):
+            if split == "train" and seed >= 3:
+                raise RuntimeError("environment worker crashed")
+            return super().sample_tasks(n, split, seed)
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: Dying())
+    with pytest.raises(RuntimeError, match="collector died.*environment worker crashed"):
+        train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1), progress=False, echo=lambda m: None)

@@ -58,6 +58,9 @@ class GRPOConfig(_Strict):
     loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="Loss aggregation.")
     epochs: int = Field(1, ge=1, description="Passes over each batch (>1 makes the ratio clip matter).")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
+    max_staleness: int = Field(
+        0, ge=0, description="0: synchronous, on-policy. N > 0: a collector thread generates ahead "
+        "and rollouts up to N weight versions old are trained on (older ones are dropped).")
     drop_zero_signal: bool = Field(
         True, description="Leave out groups whose rewards are all equal (their advantage is 0)."
     )

@@ -17,7 +17,7 @@ from .config import TrainConfig
 from .engine import Engine, SamplingParams
 from .envs import make_env
 from .evaluate import EvalResult, evaluate
-from .rollout import collect
+from .sources import AsyncSource, SyncSource
 from .progress import progress as progress_bar
 from .run import Phases, RunDir
 from .trainer import Trainer, advantages_for, rollouts_to_batch
@@ -55,50 +55,71 @@ def train(cfg: TrainConfig, progress: bool = True,
     run.log("eval", step=0, **base.as_dict())
     echo(f"base: pass@1 {base.pass1:.3f} on {base.tasks} held-out {env.name} tasks")
     # train_seconds: the clock of learning alone (no evaluation, no pre-training).
-    learn = ("generation", "verification", "training", "weight_sync")
+    learn = ("generation", "verification", "rollout_wait", "training", "weight_sync")
+    overlapped = {"generation": 0.0, "verification": 0.0}
     train_clock = lambda: sum(phases.seconds.get(k, 0.0) for k in learn)  # noqa: E731
     curve = [{"step": 0, "pass1": base.pass1, "train_seconds": 0.0}]
     tokens_generated = base.generated_tokens
     zero_groups = total_groups = 0
     last = base
+    task_seed = lambda step: cfg.seed * 1_000_003 + step  # noqa: E731
+    sampler = lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step))  # noqa: E731
+    params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
+    if g.max_staleness == 0:
+        source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
+    else:
+        source = AsyncSource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                             g.max_staleness, backend=cfg.engine_backend)
+    dropped_stale = 0
     bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
-    for step in bar:
-        tasks = env.sample_tasks(g.prompts_per_step, "train", seed=cfg.seed * 1_000_003 + step)
-        p = SamplingParams(**{**params.__dict__, "seed": cfg.seed * 1_000_003 + step})
-        rollouts, st = collect(engine, tok, env, tasks, g.group_size, p, max_turns=cfg.env.max_turns)
-        phases.add("generation", st.gen_seconds)
-        phases.add("verification", st.env_seconds)
-        tokens_generated += st.generated_tokens
-        adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
-        zero_groups += adv.zero_signal_groups
-        total_groups += adv.groups
-        metrics = {}
-        with phases.time("training"):
-            if adv.rollouts:
-                batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
-                metrics = trainer.grpo_step(
-                    batch, adv.advantages, temperature=cfg.sampling.temperature,
-                    clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta,
-                    loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
-        with phases.time("weight_sync"):
-            # Trainer and engine share one model in process: the engine sees the same
-            # tensors, so publishing copies nothing and bumps the version.
-            engine.load_weights(model.state_dict(), version=step)
-        ok = [r for r in rollouts if r.ok]
-        reward = sum(r.reward for r in ok) / max(len(ok), 1)
-        run.log("train", step=step, reward=reward, errors=st.errors,
-                zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
-                trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
-                gen_seconds=st.gen_seconds, **metrics)
-        bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
-        if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
-            with phases.time("evaluation"):
-                last = _eval(engine, tok, env, heldout, cfg)
-            run.log("eval", step=step, **last.as_dict())
-            curve.append({"step": step, "pass1": last.pass1, "train_seconds": train_clock()})
-            if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
-                echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
-                break
+    try:
+        for step in bar:
+            t_wait = time.perf_counter()
+            got = source.next(step)
+            rollouts, st = got.rollouts, got.stats
+            dropped_stale += got.dropped_stale
+            if g.max_staleness == 0:
+                phases.add("generation", st.gen_seconds)
+                phases.add("verification", st.env_seconds)
+            else:
+                # generation overlaps training; the trainer's clock only sees its wait
+                phases.add("rollout_wait", time.perf_counter() - t_wait)
+                overlapped["generation"] += st.gen_seconds
+                overlapped["verification"] += st.env_seconds
+            tokens_generated += st.generated_tokens
+            adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
+            zero_groups += adv.zero_signal_groups
+            total_groups += adv.groups
+            metrics = {}
+            with phases.time("training"):
+                if adv.rollouts:
+                    batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
+                    metrics = trainer.grpo_step(
+                        batch, adv.advantages, temperature=cfg.sampling.temperature,
+                        clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta,
+                        loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
+            with phases.time("weight_sync"):
+                # Sync: trainer and engine share one model, publishing copies nothing.
+                # Async: the collector gets a snapshot to load between its batches.
+                source.publish(model, version=step)
+            ok = [r for r in rollouts if r.ok]
+            reward = sum(r.reward for r in ok) / max(len(ok), 1)
+            run.log("train", step=step, reward=reward, errors=st.errors,
+                    zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
+                    trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
+                    gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
+                    dropped_stale=got.dropped_stale, **metrics)
+            bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
+            if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
+                with phases.time("evaluation"):
+                    last = _eval(engine, tok, env, heldout, cfg)
+                run.log("eval", step=step, **last.as_dict())
+                curve.append({"step": step, "pass1": last.pass1, "train_seconds": train_clock()})
+                if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
+                    echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
+                    break
+    finally:
+        source.close()
     if cfg.eval.ks:
         with phases.time("evaluation"):
             last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
@@ -118,6 +139,9 @@ def train(cfg: TrainConfig, progress: bool = True,
         "tokens_generated": tokens_generated,
         "wall_seconds": time.perf_counter() - t_start,
         "phase_seconds": phases.seconds,
+        "overlapped_seconds": overlapped if g.max_staleness else {},
+        "max_staleness": g.max_staleness,
+        "dropped_stale_rollouts": dropped_stale,
         "pass1_curve": curve,
     }
     run.write_summary(summary)

@@ -1,0 +1,133 @@
+"""Where the trainer's rollouts come from: synchronously, or from a collector thread that
+generates the next batch while the trainer trains on this one (asynchronous RL).
+
+Both give `next(step) -> RolloutBatch` and `publish(model, version)`. In the asynchronous
+source the collector runs its own copy of the weights; `publish` hands it a snapshot that it
+loads between batches, so a rollout may be up to `max_staleness` versions old. Older ones are
+dropped and counted. The loss needs no extra term for the mismatch: its PPO ratio is taken
+against the behaviour log-probs the rollout carries (the importance weight of the sampled
+tokens), and clipping truncates it.
+
+A collector that dies or stalls does not leave the trainer waiting: `next` raises after
+`timeout_s` with the collector's own error.
+"""
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .engine import Engine, SamplingParams
+from .envs.base import Environment, Task
+from .rollout import Rollout, RolloutStats, collect
+
+
+@dataclass
+class RolloutBatch:
+    step: int
+    rollouts: list[Rollout]
+    stats: RolloutStats
+    dropped_stale: int = 0
+    wait_seconds: float = 0.0          # how long the trainer waited for this batch
+    versions: list[int] = field(default_factory=list)
+
+
+TaskSampler = Callable[[int], list[Task]]
+
+
+class SyncSource:
+    """On-policy: generate with the trainer's own model (shared tensors, nothing copied)."""
+
+    def __init__(self, engine: Engine, tok, env: Environment, tasks: TaskSampler, group: int,
+                 params: Callable[[int], SamplingParams], max_turns: int) -> None:
+        self.engine, self.tok, self.env, self.tasks = engine, tok, env, tasks
+        self.group, self.params, self.max_turns = group, params, max_turns
+
+    def next(self, step: int) -> RolloutBatch:
+        rollouts, stats = collect(self.engine, self.tok, self.env, self.tasks(step), self.group,
+                                  self.params(step), max_turns=self.max_turns)
+        return RolloutBatch(step, rollouts, stats, versions=[self.engine.version])
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.engine.load_weights(model.state_dict(), version=version)
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncSource:
+    """Off-policy by at most `max_staleness` versions: a collector thread runs ahead."""
+
+    def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
+                 params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
+                 backend: str = "auto", timeout_s: float = 600.0) -> None:
+        if max_staleness < 1:
+            raise ValueError("AsyncSource needs max_staleness >= 1 (0 is the synchronous mode)")
+        gen_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        self.tok, self.env, self.tasks, self.group = tok, env, tasks, group
+        self.params, self.max_turns = params, max_turns
+        self.max_staleness, self.timeout_s = max_staleness, timeout_s
+        self.version = 0                                   # the trainer's latest published version
+        self._queue: "queue.Queue[RolloutBatch]" = queue.Queue(maxsize=max_staleness)
+        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rollout-collector", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        step = 0
+        try:
+            while not self._stop.is_set():
+                step += 1
+                with self._lock:
+                    pending, self._pending = self._pending, None
+                if pending is not None:
+                    self.engine.load_weights(pending[1], version=pending[0])
+                rollouts, stats = collect(self.engine, self.tok, self.env, self.tasks(step), self.group,
+                                          self.params(step), max_turns=self.max_turns)
+                batch = RolloutBatch(step, rollouts, stats, versions=[self.engine.version])
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer, never swallowed
+            self._error = exc
+
+    def next(self, step: int) -> RolloutBatch:
+        t0 = time.perf_counter()
+        dropped = 0
+        while True:
+            try:
+                batch = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._error is not None or not self._thread.is_alive():
+                    raise RuntimeError(f"rollout collector died: {self._error!r}") from self._error
+                if time.perf_counter() - t0 > self.timeout_s:
+                    raise TimeoutError(f"no rollouts from the collector in {self.timeout_s:.0f} s")
+                continue
+            if self.version - batch.versions[0] > self.max_staleness:
+                dropped += len(batch.rollouts)      # too old to train on: counted, not used
+                continue
+            batch.dropped_stale = dropped
+            batch.wait_seconds = time.perf_counter() - t0
+            return batch
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with self._lock:
+            self._pending = (version, snapshot)
+        self.version = version
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
