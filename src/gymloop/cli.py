@@ -28,6 +28,7 @@ def before_after_table(summary: dict) -> str:
         rows.append([f"pass@{k}", f"{100 * b['pass_at_k'][k]:.1f}%", f"{100 * f['pass_at_k'][k]:.1f}%",
                      f"{100 * (f['pass_at_k'][k] - b['pass_at_k'][k]):+.1f} pts"])
     ph = summary["phase_seconds"]
+    eco = summary.get("economics") or {}
     lines = [_table(rows), "",
              f"{summary['heldout_tasks']} held-out {summary['env']} tasks; {summary['steps']} GRPO steps; "
              f"{summary['tokens_generated']:,} tokens generated; "
@@ -35,6 +36,14 @@ def before_after_table(summary: dict) -> str:
              "wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items())
              + f"; total {summary['wall_seconds']:.1f}",
              f"summary: {summary['run_dir']}/summary.json"]
+    if eco:
+        ipd = eco.get("intelligence_per_dollar")
+        cpt = eco.get("cost_per_1m_generated_tokens")
+        lines.insert(-1, f"cost on {eco['profile']} (${eco['usd_per_hour']:.2f}/h): run ${eco['dollars']:.4f}, "
+                         f"post-training ${eco['post_training_dollars']:.4f}; "
+                         f"${cpt:.4f} per 1M generated tokens; " if cpt is not None else "")
+        lines.insert(-1, "intelligence per dollar: "
+                         + (f"{ipd:,.0f} held-out points per $" if ipd is not None else "n/a"))
     return "\n".join(lines)
 
 
@@ -50,6 +59,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
     print()
     print(before_after_table(summary))
+    from .report import write_report
+
+    print(f"report: {write_report(summary['run_dir'])}")
     return 0
 
 
@@ -107,6 +119,13 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         result = pool.run(source=source)
     print(json.dumps(result.as_dict(), indent=2))
     return 0 if result.error is None else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -175,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
+
+    rp = sub.add_parser("report", help="write report.html for a run directory")
+    rp.add_argument("run_dir")
+    rp.set_defaults(fn=cmd_report)
 
     ev = sub.add_parser("envs", help="list, validate and load environments' tasks")
     evs = ev.add_subparsers(dest="envs_command", required=True)

@@ -76,6 +76,14 @@ class EvalConfig(_Strict):
     max_new_tokens: int = Field(8, ge=1, description="Most tokens per model turn in evaluation.")
 
 
+class CostConfig(_Strict):
+    """How the ledger prices the run."""
+
+    profile: str = Field("cpu-2vcpu", description="Hardware profile the run is priced on (profiles.yaml).")
+    profiles_file: str | None = Field(None, description="Your own profiles YAML (default: the shipped one).")
+    utilisation: float = Field(0.4, gt=0, le=1, description="Assumed utilisation for projections to other hardware.")
+
+
 class TrainConfig(_Strict):
     """`gymloop train CONFIG.yaml`."""
 
@@ -92,6 +100,7 @@ class TrainConfig(_Strict):
         None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
     )
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+    cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
 
 
 class ConfigError(ValueError):

@@ -17,6 +17,7 @@ from .config import TrainConfig
 from .engine import Engine, SamplingParams
 from .envs import make_env
 from .evaluate import EvalResult, evaluate
+from .ledger import Ledger, load_profiles
 from .sources import AsyncSource, SyncSource
 from .progress import progress as progress_bar
 from .run import Phases, RunDir
@@ -37,9 +38,14 @@ def train(cfg: TrainConfig, progress: bool = True,
     phases = Phases()
     with phases.time("pretrain"):
         model_path = resolve_model(cfg.model, progress=progress)
+    setup_t0 = time.perf_counter()
+    profiles = load_profiles(cfg.cost.profiles_file)
+    if cfg.cost.profile not in profiles:
+        raise ValueError(f"cost.profile {cfg.cost.profile!r} is not a profile; known: {sorted(profiles)}")
     run = RunDir(cfg.run_dir, cfg.name, cfg)
     echo(f"run directory: {run.path}")
     model, tok = load_model(model_path)
+    ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
     trainer = Trainer(model, cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay,
                       warmup_steps=cfg.grpo.warmup_steps, max_grad_norm=cfg.grpo.max_grad_norm,
@@ -52,6 +58,8 @@ def train(cfg: TrainConfig, progress: bool = True,
 
     with phases.time("evaluation"):
         base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
+    ledger.add("evaluation", generated_tokens=base.generated_tokens)
+    base_eval_s = phases.seconds["evaluation"]
     run.log("eval", step=0, **base.as_dict())
     echo(f"base: pass@1 {base.pass1:.3f} on {base.tasks} held-out {env.name} tasks")
     # train_seconds: the clock of learning alone (no evaluation, no pre-training).
@@ -71,6 +79,7 @@ def train(cfg: TrainConfig, progress: bool = True,
         source = AsyncSource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
                              g.max_staleness, backend=cfg.engine_backend)
     dropped_stale = 0
+    phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
     bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
     try:
         for step in bar:
@@ -79,55 +88,69 @@ def train(cfg: TrainConfig, progress: bool = True,
             rollouts, st = got.rollouts, got.stats
             dropped_stale += got.dropped_stale
             if g.max_staleness == 0:
-                phases.add("generation", st.gen_seconds)
+                # task sampling and prompt rendering count as generation
+                phases.add("generation", time.perf_counter() - t_wait - st.env_seconds)
                 phases.add("verification", st.env_seconds)
             else:
                 # generation overlaps training; the trainer's clock only sees its wait
                 phases.add("rollout_wait", time.perf_counter() - t_wait)
                 overlapped["generation"] += st.gen_seconds
                 overlapped["verification"] += st.env_seconds
+            ledger.add("generation", prompt_tokens=st.prompt_tokens, generated_tokens=st.generated_tokens)
             tokens_generated += st.generated_tokens
-            adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
-            zero_groups += adv.zero_signal_groups
-            total_groups += adv.groups
             metrics = {}
             with phases.time("training"):
+                adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
+                zero_groups += adv.zero_signal_groups
+                total_groups += adv.groups
                 if adv.rollouts:
                     batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
                     metrics = trainer.grpo_step(
                         batch, adv.advantages, temperature=cfg.sampling.temperature,
                         clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta,
                         loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
+                    ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
             with phases.time("weight_sync"):
                 # Sync: trainer and engine share one model, publishing copies nothing.
                 # Async: the collector gets a snapshot to load between its batches.
                 source.publish(model, version=step)
-            ok = [r for r in rollouts if r.ok]
-            reward = sum(r.reward for r in ok) / max(len(ok), 1)
-            run.log("train", step=step, reward=reward, errors=st.errors,
-                    zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
-                    trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
-                    gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
-                    dropped_stale=got.dropped_stale, **metrics)
-            bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
+            with phases.time("logging"):
+                ok = [r for r in rollouts if r.ok]
+                reward = sum(r.reward for r in ok) / max(len(ok), 1)
+                run.log("train", step=step, reward=reward, errors=st.errors,
+                        zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
+                        trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
+                        gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
+                        dropped_stale=got.dropped_stale, **metrics)
+                bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
             if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
                 with phases.time("evaluation"):
                     last = _eval(engine, tok, env, heldout, cfg)
+                ledger.add("evaluation", generated_tokens=last.generated_tokens)
                 run.log("eval", step=step, **last.as_dict())
                 curve.append({"step": step, "pass1": last.pass1, "train_seconds": train_clock()})
                 if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
                     echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
                     break
     finally:
-        source.close()
+        with phases.time("shutdown"):
+            source.close()
     if cfg.eval.ks:
         with phases.time("evaluation"):
             last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
-        run.log("eval", step=trainer.step_count, **last.as_dict())
+        ledger.add("evaluation", generated_tokens=last.generated_tokens)
+        run.log("eval", step=engine.version, **last.as_dict())
     with phases.time("checkpoint"):
         save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
                                                       "version": engine.version})
         trainer.save_state(run.checkpoint)
+    for phase, sec in phases.seconds.items():
+        ledger.add(phase, sec)
+    wall = time.perf_counter() - t_start
+    economics = ledger.summary(base.pass1, last.pass1, post_training_phases=learn)
+    economics["wall_seconds"] = wall
+    economics["projections"] = ledger.project(
+        {k: v for k, v in profiles.items() if k != cfg.cost.profile}, cfg.cost.utilisation)
     summary = {
         "run_dir": str(run.path),
         "model": cfg.model, "model_path": str(model_path), "env": env.name,
@@ -137,12 +160,13 @@ def train(cfg: TrainConfig, progress: bool = True,
         "steps": engine.version, "optimizer_steps": trainer.step_count,
         "zero_signal_group_fraction": zero_groups / max(total_groups, 1),
         "tokens_generated": tokens_generated,
-        "wall_seconds": time.perf_counter() - t_start,
+        "wall_seconds": wall,
         "phase_seconds": phases.seconds,
         "overlapped_seconds": overlapped if g.max_staleness else {},
         "max_staleness": g.max_staleness,
         "dropped_stale_rollouts": dropped_stale,
         "pass1_curve": curve,
+        "economics": economics,
     }
     run.write_summary(summary)
     run.close()

@@ -12,7 +12,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .base import Environment, Message, Score, Split, Task, split_of
+from .base import Environment, Message, Score, Split, Task, sample_distinct, split_of
 
 _INT = re.compile(r"-?\d+")
 _ONLY_INT = re.compile(r"\s*-?\d+\s*")
@@ -96,17 +96,9 @@ class ArithEnv(Environment):
         )
 
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
-        """`n` distinct tasks of `split`; fewer only if the problem space is exhausted."""
+        """`n` distinct tasks of `split`, reproducible from `seed`."""
         rng = random.Random(f"{self.config.model_dump_json()}|{split}|{seed}")
-        frac = self.config.heldout_fraction if split == "heldout" else 1 - self.config.heldout_fraction
-        available = int(self.space_size() * frac)
-        if n > available * 0.9:
-            raise ValueError(f"asked for {n} distinct {split} tasks; only ~{available} exist")
-        seen: dict[str, Task] = {}
-        while len(seen) < n:
-            task = self.draw(rng, split)
-            seen.setdefault(task.id, task)
-        return list(seen.values())
+        return sample_distinct(self.draw, n, split, rng, self.space_size(), self.config.heldout_fraction)
 
     def draw(self, rng: random.Random, split: Split) -> Task:
         """One random task of `split` (rejection-sampled on the split hash)."""

@@ -6,9 +6,10 @@ environment can be placed in another process or worker and called with plain dat
 from __future__ import annotations
 
 import hashlib
+import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 Message = dict  # {"role": "system"|"user"|"assistant"|"tool", "content": str}
 Split = Literal["train", "heldout"]
@@ -63,6 +64,23 @@ def split_of(key: str, heldout_fraction: float) -> Split:
     """
     bucket = int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") / 2**32
     return "heldout" if bucket < heldout_fraction else "train"
+
+
+def sample_distinct(draw: Callable[[random.Random, Split], Task], n: int, split: Split,
+                    rng: random.Random, space_size: int, heldout_fraction: float) -> list[Task]:
+    """`n` distinct tasks of `split` from a generator `draw(rng, split)`.
+
+    Refuses up front when the split holds too few problems (rejection sampling would spin).
+    """
+    frac = heldout_fraction if split == "heldout" else 1 - heldout_fraction
+    available = int(space_size * frac)
+    if n > available * 0.9:
+        raise ValueError(f"asked for {n} distinct {split} tasks; only ~{available} exist")
+    seen: dict[str, Task] = {}
+    while len(seen) < n:
+        task = draw(rng, split)
+        seen.setdefault(task.id, task)
+    return list(seen.values())
 
 
 class Environment(ABC):

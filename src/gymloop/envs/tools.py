@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .arith import parse_answer
-from .base import Environment, Message, Score, Split, StepResult, Task, split_of
+from .base import Environment, Message, Score, Split, StepResult, Task, sample_distinct, split_of
 from .toolcall import ToolCall, format_call, parse_tool_calls, tool_response
 
 ITEMS = ("apple", "pear", "plum", "fig", "kiwi", "lime", "nut", "yam", "bean", "corn")
@@ -103,14 +103,7 @@ class ToolsEnv(Environment):
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         rng = random.Random(f"tools|{split}|{seed}")
         space = len(ITEMS) * 10 * (self.config.max_add + 1)
-        frac = self.config.heldout_fraction if split == "heldout" else 1 - self.config.heldout_fraction
-        if n > space * frac * 0.9:
-            raise ValueError(f"asked for {n} distinct {split} tasks; only ~{int(space * frac)} exist")
-        seen: dict[str, Task] = {}
-        while len(seen) < n:
-            t = self.draw(rng, split)
-            seen.setdefault(t.id, t)
-        return list(seen.values())
+        return sample_distinct(self.draw, n, split, rng, space, self.config.heldout_fraction)
 
     # --- episode ----------------------------------------------------------------------
     def _call(self, stock: dict[str, int], call: ToolCall) -> tuple[dict, bool]:

@@ -1,0 +1,117 @@
+"""The cost ledger: what each phase took (seconds, tokens, FLOPs) and what it cost.
+
+dollars = seconds x the hardware profile's $/hour. FLOPs are estimates: 2*N per generated
+or served token and 6*N per trained token, N being the *active* parameter count (for an MoE
+model, the parameters one token passes through). Projections to other hardware go through
+FLOPs and an assumed utilisation, and say so.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_PROFILES = Path(__file__).with_name("profiles.yaml")
+
+
+class Profile(BaseModel):
+    """One priced hardware profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(description="cpu or gpu.", pattern="^(cpu|gpu)$")
+    usd_per_hour: float = Field(ge=0, description="Price of one device-hour, US dollars.")
+    peak_flops: float = Field(gt=0, description="Peak dense FLOP/s of one device (bf16 for GPUs).")
+    assumption: str = Field(min_length=1, description="Where the price comes from, and its date.")
+
+
+class ProfileError(ValueError):
+    """A profiles file that does not validate; the message names the profile and field."""
+
+
+def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
+    path = Path(path or os.environ.get("GYMLOOP_PROFILES") or DEFAULT_PROFILES)
+    data = yaml.safe_load(path.read_text()) or {}
+    raw = data.get("profiles") if isinstance(data, dict) else None
+    if not isinstance(raw, dict) or not raw:
+        raise ProfileError(f"{path}: expected a mapping 'profiles: {{name: {{...}}}}'")
+    out = {}
+    for name, body in raw.items():
+        try:
+            out[name] = Profile.model_validate(body)
+        except ValidationError as err:
+            e = err.errors()[0]
+            field_name = ".".join(str(x) for x in e["loc"]) or "(profile)"
+            msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+            raise ProfileError(f"{path}: profile {name!r}, field {field_name!r}: {msg}") from None
+    return out
+
+
+@dataclass
+class Entry:
+    phase: str
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    trained_tokens: int = 0
+    served_tokens: int = 0
+    flops: float = 0.0
+
+
+@dataclass
+class Ledger:
+    """Per-phase totals for one run on one profile."""
+
+    profile_name: str
+    profile: Profile
+    active_params: int
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float = 0.0, *, prompt_tokens: int = 0, generated_tokens: int = 0,
+            trained_tokens: int = 0, served_tokens: int = 0) -> None:
+        e = self.entries.setdefault(phase, Entry(phase))
+        e.seconds += seconds
+        e.prompt_tokens += prompt_tokens
+        e.generated_tokens += generated_tokens
+        e.trained_tokens += trained_tokens
+        e.served_tokens += served_tokens
+        n = self.active_params
+        e.flops += 2 * n * (prompt_tokens + generated_tokens + served_tokens) + 6 * n * trained_tokens
+
+    def dollars(self, seconds: float) -> float:
+        return seconds * self.profile.usd_per_hour / 3600
+
+    def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...]) -> dict:
+        """Costs by phase, cost per 1M generated tokens, intelligence per dollar, projections."""
+        phases = {p: {**asdict(e), "dollars": self.dollars(e.seconds)} for p, e in self.entries.items()}
+        total_s = sum(e.seconds for e in self.entries.values())
+        gen = self.entries.get("generation", Entry("generation"))
+        post_s = sum(self.entries[p].seconds for p in post_training_phases if p in self.entries)
+        post_usd = self.dollars(post_s)
+        gained = 100 * (final_score - base_score)
+        flops = sum(e.flops for e in self.entries.values())
+        return {
+            "profile": self.profile_name, "usd_per_hour": self.profile.usd_per_hour,
+            "assumption": self.profile.assumption,
+            "phases": phases, "seconds": total_s, "dollars": self.dollars(total_s),
+            "cost_per_1m_generated_tokens": (self.dollars(gen.seconds) / gen.generated_tokens * 1e6
+                                             if gen.generated_tokens else None),
+            "post_training_dollars": post_usd,
+            "points_gained": gained,
+            "intelligence_per_dollar": gained / post_usd if post_usd > 0 else None,
+            "flops": flops,
+        }
+
+    def project(self, profiles: dict[str, Profile], utilisation: float = 0.4) -> dict:
+        """The same work's cost on other hardware: FLOPs / (peak x utilisation) x price."""
+        flops = sum(e.flops for e in self.entries.values())
+        out = {}
+        for name, p in profiles.items():
+            seconds = flops / (p.peak_flops * utilisation)
+            out[name] = {"projection": True, "seconds": seconds, "dollars": seconds * p.usd_per_hour / 3600,
+                         "assumption": f"{flops:.3g} FLOPs at {utilisation:.0%} of {p.peak_flops:.3g} FLOP/s peak; "
+                                       f"{p.assumption}"}
+        return out
