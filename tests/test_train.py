@@ -197,10 +197,12 @@ def digit_env(monkeypatch):
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
 
 
-def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, digit_env):
+@pytest.mark.parametrize("collector", ["process", "thread"])
+def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, digit_env, collector):
     from gymloop.train import train
 
-    s = train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1), progress=False, echo=lambda m: None)
+    s = train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
+              echo=lambda m: None)
     records = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in records if r["kind"] == "train"]
     assert len(train_recs) == 40 and max(r["staleness"] for r in train_recs) <= 1
@@ -220,7 +222,32 @@ def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
         if r["kind"] == "train")
 
 
-def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeypatch):
+def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_dir, digit_env):
+    import os
+    import signal
+
+    from gymloop.engine import SamplingParams
+    from gymloop.sources import ProcessSource
+    from conftest import tiny_llama
+
+    tok_ = __import__("gymloop.chat", fromlist=["x"]).ChatTokenizer(
+        __import__("gymloop.chat", fromlist=["x"]).build_char_tokenizer())
+    env = DigitEnv()
+    src = ProcessSource(tiny_llama(tok_.vocab_size), tok_, env, lambda s: env.sample_tasks(4, "train", s), 4,
+                        lambda s: SamplingParams(max_new_tokens=1, seed=s), 1, max_staleness=1, timeout_s=30)
+    try:
+        assert len(src.next(1).rollouts) == 16
+        os.kill(src._proc.pid, signal.SIGKILL)
+        src._proc.join(5)
+        with pytest.raises(RuntimeError, match="collector died"):
+            for step in range(2, 10):
+                src.next(step)
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("collector", ["process", "thread"])
+def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeypatch, collector):
     from gymloop.train import train
 
     class Dying(DigitEnv):
@@ -231,4 +258,5 @@ def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeyp
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: Dying())
     with pytest.raises(RuntimeError, match="collector died.*environment worker crashed"):
-        train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1), progress=False, echo=lambda m: None)
+        train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
+              echo=lambda m: None)

@@ -61,6 +61,9 @@ class GRPOConfig(_Strict):
     max_staleness: int = Field(
         0, ge=0, description="0: synchronous, on-policy. N > 0: a collector thread generates ahead "
         "and rollouts up to N weight versions old are trained on (older ones are dropped).")
+    collector: Literal["process", "thread"] = Field(
+        "process", description="With max_staleness > 0: generate in a separate process (no GIL "
+        "shared with the trainer; weights through shared memory) or in a thread.")
     drop_zero_signal: bool = Field(
         True, description="Leave out groups whose rewards are all equal (their advantage is 0)."
     )

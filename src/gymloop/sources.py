@@ -1,9 +1,10 @@
-"""Where the trainer's rollouts come from: synchronously, or from a collector thread that
-generates the next batch while the trainer trains on this one (asynchronous RL).
+"""Where the trainer's rollouts come from: synchronously, or from a collector (a process, or
+a thread) that generates the next batch while the trainer trains on this one (asynchronous RL).
 
-Both give `next(step) -> RolloutBatch` and `publish(model, version)`. In the asynchronous
-source the collector runs its own copy of the weights; `publish` hands it a snapshot that it
-loads between batches, so a rollout may be up to `max_staleness` versions old. Older ones are
+All give `next(step) -> RolloutBatch` and `publish(model, version)`. An asynchronous
+collector runs its own copy of the weights; `publish` hands it the new ones (shared memory
+for a process, a snapshot for a thread), which it loads between batches, so a rollout may be
+up to `max_staleness` versions old. Older ones are
 dropped and counted. The loss needs no extra term for the mismatch: its PPO ratio is taken
 against the behaviour log-probs the rollout carries (the importance weight of the sampled
 tokens), and clipping truncates it.
@@ -131,3 +132,121 @@ class AsyncSource:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+
+class SharedWeights:
+    """A state dict in shared memory with a version counter: the trainer writes, collector
+    processes copy out. Copies happen under a lock, in buckets of tensors, so a reader never
+    sees half of a version."""
+
+    def __init__(self, model: torch.nn.Module, ctx) -> None:
+        self.tensors = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
+        self.version = ctx.Value("q", 0, lock=False)
+        self.lock = ctx.Lock()
+
+    def write(self, model: torch.nn.Module, version: int, timeout_s: float = 60.0) -> None:
+        if not self.lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"weight sync: could not publish version {version} in {timeout_s:.0f} s")
+        try:
+            with torch.no_grad():
+                for k, v in model.state_dict().items():
+                    self.tensors[k].copy_(v)
+            self.version.value = version
+        finally:
+            self.lock.release()
+
+    def read_into(self, engine: Engine, timeout_s: float = 60.0) -> None:
+        if not self.lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"weight sync: could not read weights in {timeout_s:.0f} s")
+        try:
+            engine.load_weights(self.tensors, version=self.version.value)
+        finally:
+            self.lock.release()
+
+
+def _collector_main(engine: Engine, tok, env: Environment, tasks: TaskSampler, group: int,
+                    params: Callable[[int], SamplingParams], max_turns: int, weights: SharedWeights,
+                    out, stop) -> None:
+    """Body of the collector process: generate batches until told to stop."""
+    torch.set_num_threads(1)
+    step = 0
+    try:
+        while not stop.is_set():
+            step += 1
+            if weights.version.value != engine.version:
+                weights.read_into(engine)
+            rollouts, stats = collect(engine, tok, env, tasks(step), group, params(step), max_turns=max_turns)
+            batch = RolloutBatch(step, rollouts, stats, versions=[engine.version])
+            while not stop.is_set():
+                try:
+                    out.put(("batch", batch), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+    except BaseException as exc:  # noqa: BLE001 - reported to the trainer, never swallowed
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class ProcessSource:
+    """Like AsyncSource, but the collector is a separate process (no GIL shared with the
+    trainer), fed new weights through shared memory."""
+
+    def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
+                 params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
+                 backend: str = "auto", timeout_s: float = 600.0) -> None:
+        import multiprocessing as mp
+
+        if max_staleness < 1:
+            raise ValueError("ProcessSource needs max_staleness >= 1 (0 is the synchronous mode)")
+        # fork: the child inherits the model, tokenizer and environment objects as they are
+        ctx = mp.get_context("fork")
+        self.max_staleness, self.timeout_s = max_staleness, timeout_s
+        self.version = 0
+        self.weights = SharedWeights(model, ctx)
+        gen_model = copy.deepcopy(model).eval().requires_grad_(False)
+        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        self._queue = ctx.Queue(maxsize=max_staleness)
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_collector_main, name="rollout-collector", daemon=True,
+                                 args=(engine, tok, env, tasks, group, params, max_turns, self.weights,
+                                       self._queue, self._stop))
+        self._proc.start()
+
+    def next(self, step: int) -> RolloutBatch:
+        t0 = time.perf_counter()
+        dropped = 0
+        while True:
+            try:
+                kind, payload = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    raise RuntimeError(f"rollout collector died (exit code {self._proc.exitcode})") from None
+                if time.perf_counter() - t0 > self.timeout_s:
+                    raise TimeoutError(f"no rollouts from the collector in {self.timeout_s:.0f} s") from None
+                continue
+            if kind == "error":
+                raise RuntimeError(f"rollout collector died: {payload}")
+            batch = payload
+            if self.version - batch.versions[0] > self.max_staleness:
+                dropped += len(batch.rollouts)
+                continue
+            batch.dropped_stale = dropped
+            batch.wait_seconds = time.perf_counter() - t0
+            return batch
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.weights.write(model, version)
+        self.version = version
+
+    def close(self) -> None:
+        self._stop.set()
+        # drain so the child is not blocked on a full queue, then wait for it
+        end = time.monotonic() + 10
+        while self._proc.is_alive() and time.monotonic() < end:
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(timeout=5)

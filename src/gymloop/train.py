@@ -18,7 +18,7 @@ from .engine import Engine, SamplingParams
 from .envs import make_env
 from .evaluate import EvalResult, evaluate
 from .ledger import Ledger, load_profiles
-from .sources import AsyncSource, SyncSource
+from .sources import AsyncSource, ProcessSource, SyncSource
 from .progress import progress as progress_bar
 from .run import Phases, RunDir
 from .trainer import Trainer, advantages_for, rollouts_to_batch
@@ -76,8 +76,9 @@ def train(cfg: TrainConfig, progress: bool = True,
     if g.max_staleness == 0:
         source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     else:
-        source = AsyncSource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                             g.max_staleness, backend=cfg.engine_backend)
+        kind = ProcessSource if g.collector == "process" else AsyncSource
+        source = kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                      g.max_staleness, backend=cfg.engine_backend)
     dropped_stale = 0
     phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
     bar = progress_bar(range(1, g.steps + 1), "grpo", progress)

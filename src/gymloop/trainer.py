@@ -90,8 +90,10 @@ class Trainer:
         n = len(batch)
         agg: dict[str, float] = {}
         count = 0
+        # Seeded by the step count, so a run is reproducible from its config.
+        gen = torch.Generator().manual_seed(self.step_count)
         for _ in range(epochs):
-            order = torch.randperm(n)
+            order = torch.randperm(n, generator=gen) if minibatches > 1 else torch.arange(n)
             for idx in order.chunk(minibatches):
                 mb = batch.select(idx)
                 logp = token_logprobs(self.model, mb, temperature)
