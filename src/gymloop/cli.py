@@ -121,6 +121,19 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 0 if result.error is None else 1
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import ServeConfig, run
+
+    cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], require_auth=not args.no_auth,
+                      **({"model_name": args.model_name} if args.model_name else {}))
+    if cfg.require_auth and not cfg.api_keys and not os.environ.get("GYMLOOP_API_KEYS"):
+        raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
+                         "or --no-auth to serve without keys")
+    print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
+    run(cfg, host=args.host, port=args.port)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
@@ -194,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible API over a model; every answer is a trace")
+    sv.add_argument("--model", default="nano")
+    sv.add_argument("--model-name", default=None, help="id clients send (default gymloop-<model>)")
+    sv.add_argument("--db", default="gymloop.db")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
+    sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
+    sv.set_defaults(fn=cmd_serve)
 
     rp = sub.add_parser("report", help="write report.html for a run directory")
     rp.add_argument("run_dir")

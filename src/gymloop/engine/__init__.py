@@ -39,15 +39,18 @@ class Engine:
         self.version = version
         self.backend = pick_backend(model, backend)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> GenerationBatch:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 on_token: Callable[[int, int], None] | None = None) -> GenerationBatch:
+        """Sample a completion for every prompt. `on_token(i, token_id)` streams tokens of prompt i."""
         gen = None
         if params.seed is not None:
             gen = torch.Generator().manual_seed(params.seed)
         t0 = time.perf_counter()
         outs: list[Generation] = []
         for i in range(0, len(prompts), self.max_batch):
+            cb = None if on_token is None else (lambda j, t, o=i: on_token(o + j, t))
             outs += run_generation(self.backend, prompts[i:i + self.max_batch], params,
-                                   self.pad_token_id, gen, self.decode)
+                                   self.pad_token_id, gen, self.decode, on_token=cb)
         seconds = time.perf_counter() - t0
         return GenerationBatch(
             generations=outs, prompt_tokens=sum(len(p) for p in prompts),

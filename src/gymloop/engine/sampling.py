@@ -110,12 +110,13 @@ def _hits_stop(tokens: list[int], stops: tuple[str, ...], decode: Callable[[list
 def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: SamplingParams,
                    pad_id: int, generator: torch.Generator | None,
                    decode: Callable[[list[int]], str] | None = None,
-                   compact_fraction: float = 0.25) -> list[Generation]:
+                   compact_fraction: float = 0.25,
+                   on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
     """The engine's sampling loop: prefill, then one token per live row per step.
 
     Finished rows are dropped from the backend's cache once `compact_fraction` of the live
     rows have finished, so a batch with uneven lengths does not pay for its longest member
-    in every row.
+    in every row. `on_token(prompt_index, token_id)` is called for every sampled token (streaming).
     """
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -136,6 +137,8 @@ def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: S
                 continue
             g.token_ids.append(t)
             g.logprobs.append(lp)
+            if on_token is not None:
+                on_token(live[row], t)
             if t in stop_ids or (params.stop and _hits_stop(g.token_ids, params.stop, decode, window)):
                 g.finish_reason = "stop"
                 done_in_cache.append(row)

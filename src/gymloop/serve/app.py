@@ -1,0 +1,266 @@
+"""`gymloop serve`: an OpenAI-compatible chat API over the engine, every answer a trace.
+
+Routes: GET /v1/models, POST /v1/chat/completions (plain and streamed), POST /v1/feedback,
+GET /healthz, GET /metrics (Prometheus). Keys are required by default; a request without a
+valid key gets 401 and leaves no trace. A trace is committed to the store before the response
+(or, streamed, its final chunk) is sent. The answering model version is in the response.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from ..chat import ChatTokenizer
+from ..engine import SamplingParams
+from ..store import Store, StoreError
+from .batcher import Batcher
+from .config import ServeConfig
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | None = None
+
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat request gymloop acts on; other fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = Field(1, ge=1, le=1)
+    seed: int | None = None
+    tools: list[dict] | None = None
+
+
+class TaskRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    env: str
+    version: int | None = None
+    task_id: str | None = None
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    trace_id: str
+    reward: float | None = Field(None, ge=0, le=1)
+    label: str | None = Field(None, max_length=200)
+    task: TaskRef | None = None
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.tokens_served = 0
+        self.latency_sum = 0.0
+        self.latency_count = 0
+
+    def count(self, status: int) -> None:
+        self.requests[str(status)] = self.requests.get(str(status), 0) + 1
+
+    def render(self, version: int, batcher: Batcher) -> str:
+        lines = ["# TYPE gymloop_requests_total counter"]
+        lines += [f'gymloop_requests_total{{status="{s}"}} {n}' for s, n in sorted(self.requests.items())]
+        lines += ["# TYPE gymloop_tokens_served_total counter", f"gymloop_tokens_served_total {self.tokens_served}",
+                  "# TYPE gymloop_request_seconds summary",
+                  f"gymloop_request_seconds_sum {self.latency_sum}", f"gymloop_request_seconds_count {self.latency_count}",
+                  "# TYPE gymloop_model_version gauge", f"gymloop_model_version {version}",
+                  "# TYPE gymloop_engine_batches_total counter", f"gymloop_engine_batches_total {batcher.batches}",
+                  "# TYPE gymloop_batched_requests_total counter",
+                  f"gymloop_batched_requests_total {batcher.batched_requests}"]
+        return "\n".join(lines) + "\n"
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
+    app = FastAPI(title="gymloop", version="0.1.0")
+    name = cfg.served_name()
+    keys = set(cfg.api_keys) | {k for k in os.environ.get("GYMLOOP_API_KEYS", "").split(",") if k}
+    metrics = Metrics()
+    app.state.store, app.state.batcher, app.state.metrics = store, batcher, metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        metrics.count(exc.status)
+        return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    def auth(request: Request) -> str | None:
+        if not cfg.require_auth:
+            return None
+        header = request.headers.get("authorization", "")
+        key = header[7:] if header.lower().startswith("bearer ") else ""
+        if not key or key not in keys:
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                           "authentication_error")
+        return key[:4] + "…"
+
+    async def body_json(request: Request) -> Any:
+        raw = await request.body()
+        if len(raw) > cfg.max_request_bytes:
+            raise APIError(413, f"request body of {len(raw)} bytes exceeds the limit of {cfg.max_request_bytes}")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}") from None
+
+    def validate(model: type[BaseModel], data: Any) -> Any:
+        try:
+            return model.model_validate(data)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"])
+            raise APIError(400, f"{loc}: {e['msg']}", param=loc) from None
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "model": name, "model_version": batcher.version}
+
+    @app.get("/metrics")
+    async def prom():
+        return PlainTextResponse(metrics.render(batcher.version, batcher))
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        auth(request)
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gymloop",
+                                            "version": batcher.version}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        t0 = time.perf_counter()
+        key_id = auth(request)
+        req: ChatRequest = validate(ChatRequest, await body_json(request))
+        if req.model != name:
+            raise APIError(404, f"model {req.model!r} not found; this server serves {name!r}", param="model")
+        max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
+        if max_tokens > cfg.max_tokens_limit:
+            raise APIError(400, f"max_tokens {max_tokens} exceeds the limit of {cfg.max_tokens_limit}",
+                           param="max_tokens")
+        messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
+        try:
+            prompt = tok.prompt_ids(messages, tools=req.tools)
+        except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
+            raise APIError(400, f"messages could not be rendered by the chat template: {exc}") from None
+        if len(prompt) > cfg.max_prompt_tokens:
+            raise APIError(400, f"prompt of {len(prompt)} tokens exceeds the limit of {cfg.max_prompt_tokens}",
+                           param="messages")
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed)
+        cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        request_record = req.model_dump(exclude_none=True)
+
+        async def finish(gen, version: int) -> tuple[dict, str]:
+            text = tok.decode(gen.token_ids)
+            for s in stop:  # the stop string itself is not part of the answer (OpenAI semantics)
+                if s and s in text:
+                    text = text[: text.index(s)]
+            finish_reason = "stop" if gen.finish_reason == "stop" else "length"
+            body = {"id": cid, "object": "chat.completion", "created": created, "model": name,
+                    "system_fingerprint": f"gymloop-v{version}", "model_version": version,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": finish_reason, "logprobs": None}],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
+                              "total_tokens": len(prompt) + len(gen.token_ids)}}
+            latency = time.perf_counter() - t0
+            # Committed before the response leaves: a 200 always has its trace.
+            trace_id = await run_in_threadpool(
+                store.add_trace, model=name, model_version=version, request=request_record, response=body,
+                prompt_tokens=len(prompt), completion_tokens=len(gen.token_ids), latency_s=latency,
+                key_id=key_id, trace_id=cid)
+            metrics.count(200)
+            metrics.tokens_served += len(gen.token_ids)
+            metrics.latency_sum += latency
+            metrics.latency_count += 1
+            return body, trace_id
+
+        if not req.stream:
+            r = batcher.submit(prompt, params)
+            gen = await asyncio.wrap_future(r.future)
+            body, trace_id = await finish(gen, r.version)
+            return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id,
+                                               "x-gymloop-model-version": str(r.version)})
+
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+        r = batcher.submit(prompt, params, on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
+        done = asyncio.wrap_future(r.future)
+
+        async def events():
+            def chunk(delta: dict, finish_reason=None) -> str:
+                return "data: " + json.dumps({
+                    "id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                    "system_fingerprint": f"gymloop-v{r.version if r.version >= 0 else batcher.version}",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
+
+            yield chunk({"role": "assistant", "content": ""})
+            sent: list[int] = []
+            shown = ""
+            while not (done.done() and tokens.empty()):
+                try:
+                    t = await asyncio.wait_for(tokens.get(), timeout=0.05)
+                except asyncio.TimeoutError:
+                    continue
+                if t in tok.eos_token_ids:
+                    continue
+                sent.append(t)
+                text = tok.decode(sent)
+                if stop and any(s in text for s in stop):
+                    continue       # held back; the final text is cut at the stop string
+                if len(text) > len(shown):
+                    yield chunk({"content": text[len(shown):]})
+                    shown = text
+            gen = done.result()
+            body, _ = await finish(gen, r.version)
+            final = body["choices"][0]["message"]["content"]
+            if len(final) > len(shown) and final.startswith(shown):
+                yield chunk({"content": final[len(shown):]})
+            yield chunk({}, body["choices"][0]["finish_reason"])
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"x-gymloop-trace-id": cid})
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request):
+        auth(request)
+        fb: FeedbackRequest = validate(FeedbackRequest, await body_json(request))
+        if fb.reward is None and fb.label is None:
+            raise APIError(400, "feedback needs a reward (0..1) or a label", param="reward")
+        try:
+            fid = await run_in_threadpool(
+                store.add_feedback, fb.trace_id, reward=fb.reward, label=fb.label,
+                env=fb.task.env if fb.task else None, env_version=fb.task.version if fb.task else None,
+                task_id=fb.task.task_id if fb.task else None)
+        except StoreError as exc:
+            status = 404 if "unknown trace" in str(exc) else 400
+            raise APIError(status, str(exc), param="trace_id") from None
+        metrics.count(200)
+        return {"id": fid, "trace_id": fb.trace_id}
+
+    return app

@@ -1,0 +1,30 @@
+"""Configuration of `gymloop serve`."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServeConfig(BaseModel):
+    """The OpenAI-compatible server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("nano", description="'nano', 'smollm2' or a HF model directory to serve.")
+    model_name: str | None = Field(None, description="Model id clients send (default: gymloop-<model>).")
+    db: str = Field("gymloop.db", description="SQLite store for traces and feedback.")
+    api_keys: list[str] = Field(default_factory=list, description="Accepted Bearer keys (also GYMLOOP_API_KEYS).")
+    require_auth: bool = Field(True, description="Refuse requests without a valid key (401, no trace).")
+    max_request_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted (413 above).")
+    max_prompt_tokens: int = Field(2048, ge=16, description="Longest rendered prompt accepted (400 above).")
+    max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask for.")
+    default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
+    max_batch: int = Field(64, ge=1, description="Most requests in one engine batch.")
+    max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
+    threads: int = Field(1, ge=1, description="torch CPU threads.")
+
+    def served_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        from pathlib import Path
+
+        return f"gymloop-{Path(self.model).name}"

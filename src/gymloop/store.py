@@ -1,0 +1,205 @@
+"""The store: everything that must survive a crash, in SQLite (WAL) by default.
+
+One module owns the schema and its migrations. Every write is a transaction that is
+committed before the call returns, so a response sent after a write is never ahead of the
+disk. Rollout token arrays may live in files next to the database; the tables hold metadata.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+# Each migration moves the schema one version up; never edit one that has shipped.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE tasks (
+        id TEXT PRIMARY KEY, env TEXT NOT NULL, split TEXT NOT NULL,
+        source TEXT NOT NULL CHECK (source IN ('synthetic', 'dataset', 'production')),
+        prompt TEXT NOT NULL, answer TEXT, info TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL);
+    CREATE TABLE traces (
+        id TEXT PRIMARY KEY, created REAL NOT NULL, model TEXT NOT NULL, model_version INTEGER NOT NULL,
+        request TEXT NOT NULL, response TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, key_id TEXT);
+    CREATE TABLE feedback (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, trace_id TEXT NOT NULL REFERENCES traces(id),
+        created REAL NOT NULL, reward REAL CHECK (reward IS NULL OR (reward >= 0 AND reward <= 1)),
+        label TEXT, env TEXT, env_version INTEGER, task_id TEXT);
+    CREATE TABLE runs (id TEXT PRIMARY KEY, created REAL NOT NULL, config TEXT NOT NULL,
+        status TEXT NOT NULL);
+    CREATE TABLE rounds (
+        run_id TEXT NOT NULL REFERENCES runs(id), round INTEGER NOT NULL, status TEXT NOT NULL,
+        started REAL NOT NULL, finished REAL, metrics TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, round));
+    CREATE TABLE model_versions (
+        version INTEGER PRIMARY KEY, parent INTEGER, path TEXT NOT NULL, created REAL NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('candidate', 'promoted', 'rejected', 'rolled_back')),
+        scores TEXT NOT NULL DEFAULT '{}');
+    CREATE TABLE rollouts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, round INTEGER, task_id TEXT NOT NULL,
+        env TEXT NOT NULL, model_version INTEGER NOT NULL, reward REAL, error TEXT,
+        generated_tokens INTEGER NOT NULL, tokens_file TEXT);
+    CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, round INTEGER, phase TEXT NOT NULL,
+        seconds REAL NOT NULL, device_seconds REAL NOT NULL, prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        generated_tokens INTEGER NOT NULL DEFAULT 0, trained_tokens INTEGER NOT NULL DEFAULT 0,
+        served_tokens INTEGER NOT NULL DEFAULT 0, flops REAL NOT NULL DEFAULT 0,
+        dollars REAL NOT NULL DEFAULT 0, created REAL NOT NULL);
+    CREATE INDEX traces_created ON traces(created);
+    CREATE INDEX feedback_trace ON feedback(trace_id);
+    """,
+]
+
+
+class StoreError(ValueError):
+    """A request the store refuses (unknown reference, value out of range); nothing changed."""
+
+
+class Store:
+    """Thread-safe access to one SQLite database in WAL mode."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._migrate()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed transaction survives power loss, not only a process crash.
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: committed on success, rolled back on any error."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.tx() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            have = int(row["value"]) if row else 0
+            if have > len(MIGRATIONS):
+                raise RuntimeError(f"{self.path} has schema version {have}; this gymloop knows {len(MIGRATIONS)}")
+            for sql in MIGRATIONS[have:]:
+                # statement by statement: executescript would commit the open transaction
+                for statement in _split(sql):
+                    c.execute(statement)
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(len(MIGRATIONS)),))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+
+    # --- traces and feedback -------------------------------------------------------------
+    def add_trace(self, *, model: str, model_version: int, request: dict, response: dict,
+                  prompt_tokens: int, completion_tokens: int, latency_s: float,
+                  key_id: str | None = None, trace_id: str | None = None) -> str:
+        tid = trace_id or f"trace-{uuid.uuid4().hex}"
+        with self.tx() as c:
+            c.execute("INSERT INTO traces VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      (tid, time.time(), model, model_version, json.dumps(request), json.dumps(response),
+                       prompt_tokens, completion_tokens, latency_s, key_id))
+        return tid
+
+    def get_trace(self, trace_id: str) -> dict | None:
+        row = self._conn().execute("SELECT * FROM traces WHERE id = ?", (trace_id,)).fetchone()
+        return None if row is None else _row(row, ("request", "response"))
+
+    def count(self, table: str) -> int:
+        if table not in {"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "rollouts", "ledger"}:
+            raise ValueError(f"unknown table {table!r}")
+        return self._conn().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+    def add_feedback(self, trace_id: str, *, reward: float | None = None, label: str | None = None,
+                     env: str | None = None, env_version: int | None = None, task_id: str | None = None) -> int:
+        if reward is None and label is None:
+            raise StoreError("feedback needs a reward or a label")
+        if reward is not None and not 0.0 <= reward <= 1.0:
+            raise StoreError(f"reward must be in [0, 1], got {reward}")
+        with self.tx() as c:
+            if c.execute("SELECT 1 FROM traces WHERE id = ?", (trace_id,)).fetchone() is None:
+                raise StoreError(f"unknown trace id {trace_id!r}")
+            cur = c.execute("INSERT INTO feedback (trace_id, created, reward, label, env, env_version, task_id) "
+                            "VALUES (?,?,?,?,?,?,?)", (trace_id, time.time(), reward, label, env, env_version, task_id))
+            return int(cur.lastrowid)
+
+    def feedback_for(self, trace_id: str) -> list[dict]:
+        rows = self._conn().execute("SELECT * FROM feedback WHERE trace_id = ? ORDER BY id", (trace_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+    # --- tasks -----------------------------------------------------------------------------
+    def add_task(self, task) -> None:
+        with self.tx() as c:
+            c.execute("INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?,?,?,?)",
+                      (task.id, task.env, task.split, task.source, json.dumps(list(task.prompt)),
+                       json.dumps(task.answer), json.dumps(task.info, default=str), time.time()))
+
+    # --- model versions ----------------------------------------------------------------------
+    def add_model_version(self, path: str, parent: int | None, status: str = "candidate",
+                          scores: dict | None = None) -> int:
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
+                            (parent, path, time.time(), status, json.dumps(scores or {})))
+            return int(cur.lastrowid)
+
+    def set_model_status(self, version: int, status: str, scores: dict | None = None) -> None:
+        with self.tx() as c:
+            if c.execute("SELECT 1 FROM model_versions WHERE version = ?", (version,)).fetchone() is None:
+                raise StoreError(f"unknown model version {version}")
+            c.execute("UPDATE model_versions SET status = ? WHERE version = ?", (status, version))
+            if scores is not None:
+                c.execute("UPDATE model_versions SET scores = ? WHERE version = ?", (json.dumps(scores), version))
+
+    def model_version(self, version: int) -> dict | None:
+        row = self._conn().execute("SELECT * FROM model_versions WHERE version = ?", (version,)).fetchone()
+        return None if row is None else _row(row, ("scores",))
+
+    def promoted(self) -> dict | None:
+        """The most recently promoted version still in service."""
+        row = self._conn().execute("SELECT * FROM model_versions WHERE status = 'promoted' "
+                                   "ORDER BY version DESC LIMIT 1").fetchone()
+        return None if row is None else _row(row, ("scores",))
+
+    # --- ledger --------------------------------------------------------------------------------
+    def add_ledger(self, phase: str, seconds: float, *, run_id: str | None = None, round: int | None = None,
+                   device_seconds: float | None = None, dollars: float = 0.0, flops: float = 0.0,
+                   **tokens: int) -> None:
+        with self.tx() as c:
+            c.execute("INSERT INTO ledger (run_id, round, phase, seconds, device_seconds, prompt_tokens, "
+                      "generated_tokens, trained_tokens, served_tokens, flops, dollars, created) "
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (run_id, round, phase, seconds, seconds if device_seconds is None else device_seconds,
+                       tokens.get("prompt_tokens", 0), tokens.get("generated_tokens", 0),
+                       tokens.get("trained_tokens", 0), tokens.get("served_tokens", 0), flops, dollars, time.time()))
+
+
+def _split(sql: str) -> list[str]:
+    return [s.strip() for s in sql.split(";") if s.strip()]
+
+
+def _row(row: sqlite3.Row, json_cols: tuple[str, ...]) -> dict[str, Any]:
+    d = dict(row)
+    for k in json_cols:
+        if d.get(k) is not None:
+            d[k] = json.loads(d[k])
+    return d

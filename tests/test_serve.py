@@ -1,0 +1,168 @@
+"""The server end to end: the official openai client against a real uvicorn server."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from gymloop.serve import ServeConfig, build
+
+KEY = "sk-test-123"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    import uvicorn
+
+    db = tmp_path_factory.mktemp("serve") / "store.db"
+    cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(db), api_keys=[KEY],
+                      max_request_bytes=64 * 1024, max_tokens_limit=64)
+    app, batcher, store = build(cfg)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(base + "/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield {"base": base, "store": store, "batcher": batcher, "cfg": cfg}
+    srv.should_exit = True
+    t.join(5)
+    batcher.close()
+
+
+@pytest.fixture()
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server["base"] + "/v1", api_key=KEY, max_retries=0)
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    h = httpx.get(server["base"] + "/healthz").json()
+    assert h["status"] == "ok" and h["model_version"] == 0
+
+
+def test_chat_completion_is_traced_before_the_response(server, client):
+    before = server["store"].count("traces")
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12+30="}],
+                                       max_tokens=8, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens >= 1
+    assert r.system_fingerprint == "gymloop-v0"
+    trace = server["store"].get_trace(r.id)
+    assert trace is not None and trace["response"]["choices"][0]["message"]["content"] == r.choices[0].message.content
+    assert server["store"].count("traces") == before + 1
+
+
+def test_streamed_completion_matches_plain(server, client):
+    msgs = [{"role": "user", "content": "7+8="}]
+    plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
+                                                  stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert server["store"].get_trace(chunks[0].id) is not None
+
+
+def test_feedback(server, client):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=4)
+    h = {"Authorization": f"Bearer {KEY}"}
+    ok = httpx.post(server["base"] + "/v1/feedback", headers=h,
+                    json={"trace_id": r.id, "reward": 0.0, "task": {"env": "arith", "version": 1, "task_id": "arith:1+1"}})
+    assert ok.status_code == 200
+    fb = server["store"].feedback_for(r.id)
+    assert fb[0]["reward"] == 0.0 and fb[0]["env"] == "arith" and fb[0]["task_id"] == "arith:1+1"
+
+
+@pytest.mark.parametrize("send,status,needle", [
+    (dict(content=b"{not json"), 400, "not valid JSON"),
+    (dict(json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}), 404, "model 'nope' not found"),
+    (dict(json={"model": "tiny", "messages": []}), 400, "messages"),
+    (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}), 400, "max_tokens"),
+    (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x" * 70_000}]}), 413, "exceeds the limit"),
+    (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 9}), 400, "temperature"),
+])
+def test_bad_requests_are_4xx_and_change_nothing(server, send, status, needle):
+    before = server["store"].count("traces")
+    r = httpx.post(server["base"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}",
+                                                                      "Content-Type": "application/json"}, **send)
+    assert r.status_code == status and needle in r.json()["error"]["message"], r.text
+    assert server["store"].count("traces") == before
+    assert httpx.get(server["base"] + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"trace_id": "trace-unknown", "reward": 1.0}, 404, "unknown trace id"),
+    ({"trace_id": "x", "reward": 1.5}, 400, "reward"),
+    ({"trace_id": "x"}, 400, "reward (0..1) or a label"),
+    ({"trace_id": "x", "reward": 1, "colour": "red"}, 400, "colour"),
+])
+def test_bad_feedback(server, body, status, needle):
+    before = server["store"].count("feedback")
+    r = httpx.post(server["base"] + "/v1/feedback", headers={"Authorization": f"Bearer {KEY}"}, json=body)
+    assert r.status_code == status and needle in r.json()["error"]["message"], r.text
+    assert server["store"].count("feedback") == before
+
+
+def test_missing_or_wrong_key_is_401_and_leaves_no_trace(server):
+    from openai import AuthenticationError, OpenAI
+
+    before = server["store"].count("traces")
+    for key in ("wrong", ""):
+        c = OpenAI(base_url=server["base"] + "/v1", api_key=key or "x", max_retries=0)
+        if not key:
+            r = httpx.post(server["base"] + "/v1/chat/completions",
+                           json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 401
+            continue
+        with pytest.raises(AuthenticationError):
+            c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert server["store"].count("traces") == before
+
+
+def test_concurrent_load_with_a_swap_in_the_middle(server, client):
+    """32 clients x 25 requests, a weight swap during the load: 0 errors, 800 traces."""
+    store, batcher = server["store"], server["batcher"]
+    before = store.count("traces")
+    weights = {k: v.clone() for k, v in batcher.engine.model.state_dict().items()}
+
+    def worker(i):
+        out = []
+        for j in range(25):
+            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}+{j}="}],
+                                               max_tokens=6)
+            out.append((r.id, r.system_fingerprint))
+        return out
+
+    with cf.ThreadPoolExecutor(32) as ex:
+        futures = [ex.submit(worker, i) for i in range(32)]
+        time.sleep(0.5)
+        swapped = batcher.swap(weights, version=7)
+        results = [x for f in futures for x in f.result()]
+    assert swapped.result(timeout=30) == 7
+    assert len(results) == 800 and store.count("traces") == before + 800
+    assert all(store.get_trace(rid) is not None for rid, _ in results)
+    versions = {fp for _, fp in results}
+    assert "gymloop-v7" in versions and versions <= {"gymloop-v0", "gymloop-v7"}
+    assert batcher.batched_requests / batcher.batches > 1.5        # requests really shared batches
+    metrics = httpx.get(server["base"] + "/metrics").text
+    assert "gymloop_model_version 7" in metrics and 'gymloop_requests_total{status="200"}' in metrics
