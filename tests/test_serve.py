@@ -166,3 +166,58 @@ def test_concurrent_load_with_a_swap_in_the_middle(server, client):
     assert batcher.batched_requests / batcher.batches > 1.5        # requests really shared batches
     metrics = httpx.get(server["base"] + "/metrics").text
     assert "gymloop_model_version 7" in metrics and 'gymloop_requests_total{status="200"}' in metrics
+
+
+def _start_server_process(tmp_path, model_dir, port, db):
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gymloop.cli", "serve", "--model", str(model_dir),
+                             "--model-name", "tiny", "--db", str(db), "--port", str(port), "--api-key", KEY],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.get(base + "/healthz", timeout=0.5)
+            return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("server did not start: " + proc.stdout.read().decode()[-2000:])
+
+
+def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
+    import os
+    import signal
+
+    from gymloop.store import Store
+
+    db = tmp_path / "crash.db"
+    proc, base = _start_server_process(tmp_path, tiny_model_dir, free_port(), db)
+    answered, stop = [], threading.Event()
+
+    def worker(i):
+        with httpx.Client(timeout=5) as c:
+            while not stop.is_set():
+                try:
+                    r = c.post(base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                               json={"model": "tiny", "messages": [{"role": "user", "content": f"{i}"}], "max_tokens": 4})
+                except httpx.HTTPError:
+                    return
+                if r.status_code == 200:
+                    answered.append(r.json()["id"])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(5)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    store = Store(db)
+    assert len(answered) > 10
+    missing = [a for a in answered if store.get_trace(a) is None]
+    assert missing == [], f"{len(missing)} of {len(answered)} answered requests have no trace"

@@ -4,7 +4,8 @@ bubblewrap: new user, PID, network, IPC and UTS namespaces; /usr read-only; priv
 size-limited tmpfs at /tmp and at /work (the scratch directory, the only writable place, where
 the task's files are copied in through file descriptors, so nothing the program writes ever
 reaches the host's disk); the rest of the root read-only; environment cleared; `--die-with-parent`.
-rlimits are applied by `prlimit` before bwrap starts, so they bind every process inside.
+rlimits and the slot's uid are applied before bwrap starts (launcher.py), so they bind every
+process inside.
 """
 from __future__ import annotations
 
@@ -37,16 +38,6 @@ def find_bwrap() -> str | None:
         return None
 
 
-def prlimit_prefix(limits: Limits) -> list[str]:
-    mb = 1 << 20
-    c = limits.cpu_seconds
-    return [
-        "prlimit", f"--cpu={c}:{c + 1}", f"--as={limits.memory_mb * mb}",
-        f"--nproc={limits.max_processes}", f"--fsize={limits.max_file_mb * mb}",
-        f"--nofile={limits.max_open_files}", "--core=0", "--",
-    ]
-
-
 def check_relative(path: str) -> str:
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts:
@@ -55,16 +46,17 @@ def check_relative(path: str) -> str:
 
 
 def bwrap_argv(bwrap: str, limits: Limits, program: list[str], file_fds: dict[str, int],
-               extra_ro: tuple[str, ...] = ()) -> list[str]:
-    """The full argv: prlimit -> bwrap -> program. `file_fds` maps scratch paths to readable fds."""
+               extra_ro: tuple[str, ...] = (), own_netns: bool = True) -> list[str]:
+    """bwrap -> program. `file_fds` maps scratch paths to readable fds. `own_netns=False`
+    when the launcher has already put the run in the slot's private network namespace."""
     size = str(limits.tmpfs_mb << 20)
-    argv = prlimit_prefix(limits) + [
+    argv = [
         # No --new-session: the runner already starts bwrap in a new session (setsid), so the
         # sandbox has no controlling terminal to inject keystrokes into. No cgroup namespace:
         # /sys is not mounted, and every namespace costs start-up time on each of thousands of runs.
-        bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent", "--clearenv", "--hostname", "sandbox",
-    ]
+    ] + (["--unshare-net"] if own_netns else [])
     for k, v in SANDBOX_ENV.items():
         argv += ["--setenv", k, v]
     argv += ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
@@ -89,7 +81,7 @@ def bwrap_argv(bwrap: str, limits: Limits, program: list[str], file_fds: dict[st
 
 def none_argv(limits: Limits, program: list[str]) -> list[str]:
     """No isolation: rlimits only (trusted code; chosen explicitly, warned about)."""
-    return prlimit_prefix(limits) + program
+    return list(program)
 
 
 ISOLATION: dict[str, Callable[..., list[str]]] = {"bwrap": bwrap_argv, "none": none_argv}

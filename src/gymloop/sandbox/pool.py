@@ -19,6 +19,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
+from . import launcher
 from .isolation import INSTALL_HINT, SandboxUnavailable, find_bwrap
 from .limits import Limits, Result
 from .runner import Slot, run_in_slot
@@ -111,12 +112,19 @@ class Pool:
         cores = os.sched_getaffinity(0)
         self._slots: "queue.Queue[Slot]" = queue.Queue()
         self.uids = _CLAIMS.claim(uid_base, n) if root else []
+        self.netns: list[str] = []
         for i in range(n):
             pin = None
             if pin_cores:
                 ordered = sorted(cores)
                 pin = (ordered[i % len(ordered)],)
-            self._slots.put(Slot(i, self.uids[i] if root else None, pin))
+            ns = None
+            if root and isolation == "bwrap":
+                # one private, empty network namespace per slot (named by its exclusive uid)
+                ns = launcher.netns_create(f"gymloop-sandbox-{self.uids[i]}")
+                if ns:
+                    self.netns.append(f"gymloop-sandbox-{self.uids[i]}")
+            self._slots.put(Slot(i, self.uids[i] if root else None, pin, ns))
         self.size = n
         self._executor = ThreadPoolExecutor(max_workers=n, thread_name_prefix="sandbox")
         self._reap_lock = threading.Lock()
@@ -219,6 +227,8 @@ class Pool:
         for uid in self.uids:
             self._sweep(Slot(0, uid))
         self._reap()
+        for name in self.netns:
+            launcher.netns_delete(name)
         _CLAIMS.release(self.uids)
 
     def __enter__(self) -> "Pool":

@@ -14,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from . import launcher
 from .isolation import ISOLATION, WORKDIR, check_relative
 from .limits import Limits, Result
 
@@ -27,6 +28,7 @@ class Slot:
     index: int
     uid: int | None
     cores: tuple[int, ...] | None = None
+    netns: str | None = None          # the slot's own network namespace (None: bwrap makes one)
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -63,7 +65,7 @@ def run_in_slot(program: list[str], files: dict[str, bytes], limits: Limits, slo
         for rel, data in files.items():
             fds[check_relative(rel)] = _memfd(rel, data)
         if isolation == "bwrap":
-            argv = ISOLATION["bwrap"](bwrap, limits, program, fds, extra_ro)
+            argv = ISOLATION["bwrap"](bwrap, limits, program, fds, extra_ro, own_netns=slot.netns is None)
         else:
             argv = ISOLATION[isolation](limits, program)
         return _spawn_and_wait(argv, fds, limits, slot, isolation)
@@ -88,10 +90,9 @@ def _spawn_and_wait(argv: list[str], fds: dict[str, int], limits: Limits, slot: 
             for root, dirs, names in os.walk(cwd):
                 for n in [root] + [os.path.join(root, x) for x in dirs + names]:
                     os.chown(n, slot.uid, slot.uid)
-    if slot.uid is not None:
-        # setpriv drops to the slot's uid in the child. Popen(user=...) would do the same but
-        # makes CPython fork instead of vfork, which costs ~10 ms per run in a large process.
-        argv = ["setpriv", f"--reuid={slot.uid}", f"--regid={slot.uid}", "--clear-groups", "--"] + argv
+    # The launcher drops to the slot's uid in the child. Popen(user=...) would do the same but
+    # makes CPython fork instead of vfork, which costs ~10 ms per run in a large process.
+    argv = launcher.prefix(limits, slot.uid, slot.netns if isolation == "bwrap" else None) + argv
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(
@@ -172,7 +173,7 @@ def _pump(proc: subprocess.Popen, out: _Capped, err: _Capped, deadline: float) -
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    # The session/process group holds prlimit/bwrap; --die-with-parent takes the namespace.
+    # The session/process group holds the launcher/bwrap; --die-with-parent takes the namespace.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
