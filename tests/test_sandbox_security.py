@@ -243,3 +243,25 @@ def test_cli_sandbox_run(tmp_path, capsys):
     assert main(["sandbox", "run", "--timeout", "2", "--memory-mb", "128", "--cpus", "1", str(f)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stdout"] == "from the sandbox\n" and out["exit_code"] == 0 and out["timed_out"] is False
+
+
+def test_util_linux_fallback_without_compiler(monkeypatch):
+    """No C compiler: setpriv + prlimit launch the run, bwrap makes the network namespace."""
+    from gymloop.sandbox import launcher
+
+    monkeypatch.setattr(launcher, "helper", lambda: None)
+    with Pool(slots=1, limits=LIMITS) as p:
+        assert p.netns == []
+        r = p.run(source=src("""
+            import os, socket, resource
+            s = socket.socket(); s.settimeout(1)
+            try:
+                s.connect(("127.0.0.1", 22)); print("CONNECTED")
+            except OSError:
+                print("blocked")
+            print(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0])
+            """))
+        assert r.ok and "blocked" in r.stdout
+        uid, nproc = r.stdout.split()[1:]
+        assert uid != "0" and int(nproc) == LIMITS.max_processes
+        assert p.leftover_processes() == []

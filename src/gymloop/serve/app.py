@@ -189,10 +189,10 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
                               "total_tokens": len(prompt) + len(gen.token_ids)}}
             latency = time.perf_counter() - t0
             # Committed before the response leaves: a 200 always has its trace.
-            trace_id = await run_in_threadpool(
-                store.add_trace, model=name, model_version=version, request=request_record, response=body,
+            trace_id = await asyncio.wrap_future(store.add_trace_committed(
+                model=name, model_version=version, request=request_record, response=body,
                 prompt_tokens=len(prompt), completion_tokens=len(gen.token_ids), latency_s=latency,
-                key_id=key_id, trace_id=cid)
+                key_id=key_id, trace_id=cid))
             metrics.count(200)
             metrics.tokens_served += len(gen.token_ids)
             metrics.latency_sum += latency
