@@ -208,6 +208,7 @@ def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, 
     assert len(train_recs) == 40 and max(r["staleness"] for r in train_recs) <= 1
     assert sum(r["reward"] for r in train_recs[-5:]) / 5 >= 0.8
     assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]
+    assert s["steps"] == 40
 
 
 def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):

@@ -23,7 +23,11 @@ NANO_ALPHABET = (
 )
 NANO_SPECIALS = ("<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 # One special token per role; an assistant turn ends with <|end|>, which is also EOS.
+# Tools (OpenAI function schemas) render as one compact system line: name(arg,arg) ...
 NANO_CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>{% for t in tools %}{% set f = t['function'] if 'function' in t else t %}"
+    "{{ f['name'] }}({{ f['parameters']['properties'] | join(',') }}){% if not loop.last %} {% endif %}"
+    "{% endfor %}<|end|>{% endif %}"
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
@@ -89,7 +93,7 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def sft_ids(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    def sft_ids(self, messages: Sequence[Message], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
         """Ids of a whole conversation and a mask that is 1 on assistant-produced tokens.
 
         Rendered turn by turn, so the mask is exact for any template whose rendering of a
@@ -99,26 +103,27 @@ class ChatTokenizer:
         mask: list[int] = []
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
-                prefix = self.encode(self.render(messages[:i], add_generation_prompt=True))
-                full = self.encode(self.render(messages[: i + 1], add_generation_prompt=False))
+                prefix = self.encode(self.render(messages[:i], add_generation_prompt=True, tools=tools))
+                full = self.encode(self.render(messages[: i + 1], add_generation_prompt=False, tools=tools))
                 if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
                     raise ValueError("chat template does not render prefixes as prefixes")
                 mask += [0] * (len(prefix) - len(ids)) + [1] * (len(full) - len(prefix))
                 ids = full
-        rest = self.encode(self.render(messages, add_generation_prompt=False))
+        rest = self.encode(self.render(messages, add_generation_prompt=False, tools=tools))
         if rest[: len(ids)] != ids:
             raise ValueError("chat template does not render prefixes as prefixes")
         mask += [0] * (len(rest) - len(ids))
         return rest, mask
 
-    def continuation_ids(self, history: Sequence[Message], new: Sequence[Message]) -> list[int]:
+    def continuation_ids(self, history: Sequence[Message], new: Sequence[Message],
+                         tools: list[dict] | None = None) -> list[int]:
         """Tokens that render `new` messages after `history` and open the next assistant turn.
 
         `history` ends with the model's own turn, whose *sampled* ids the rollout keeps; only
         this delta is tokenized, so the model's text is never re-tokenized for training.
         """
-        before = self.encode(self.render(history, add_generation_prompt=False))
-        after = self.encode(self.render(list(history) + list(new), add_generation_prompt=True))
+        before = self.encode(self.render(history, add_generation_prompt=False, tools=tools))
+        after = self.encode(self.render(list(history) + list(new), add_generation_prompt=True, tools=tools))
         if after[: len(before)] != before:
             raise ValueError("chat template does not render prefixes as prefixes")
         return after[len(before):]

@@ -73,7 +73,7 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
     rollouts = []
     for task in tasks:
         msgs = env.reset(task)
-        pids = tok.prompt_ids(msgs)
+        pids = tok.prompt_ids(msgs, tools=env.tools(task))
         for _ in range(n_per_task):
             rollouts.append(Rollout(task=task, prompt_ids=pids, messages=[dict(m) for m in msgs],
                                     version=engine.version))
@@ -101,7 +101,7 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
             step = env.step(r.task, r.messages, text)
             if step.done or turn == max_turns - 1:
                 continue
-            obs = tok.continuation_ids(r.messages, step.observation)
+            obs = tok.continuation_ids(r.messages, step.observation, tools=env.tools(r.task))
             if len(r.prompt_ids) + len(r.token_ids) + len(obs) > max_total_tokens:
                 r.truncated = True
                 continue

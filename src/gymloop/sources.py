@@ -55,7 +55,7 @@ class SyncSource:
         return RolloutBatch(step, rollouts, stats, versions=[self.engine.version])
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        self.engine.load_weights(model.state_dict(), version=version)
+        self.engine.load_weights(model.state_dict(), version=version)   # shared tensors: no copy
 
     def close(self) -> None:
         pass

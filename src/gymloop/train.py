@@ -112,9 +112,12 @@ def train(cfg: TrainConfig, progress: bool = True,
                         loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
                     ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
             with phases.time("weight_sync"):
-                # Sync: trainer and engine share one model, publishing copies nothing.
-                # Async: the collector gets a snapshot to load between its batches.
-                source.publish(model, version=step)
+                # The trainer's own engine (evaluation; sync rollouts) shares the model's
+                # tensors, so this copies nothing and only bumps its version. An async
+                # collector gets the new weights to load between its batches.
+                engine.load_weights(model.state_dict(), version=step)
+                if g.max_staleness:
+                    source.publish(model, version=step)
             with phases.time("logging"):
                 ok = [r for r in rollouts if r.ok]
                 reward = sum(r.reward for r in ok) / max(len(ok), 1)

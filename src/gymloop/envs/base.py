@@ -92,6 +92,10 @@ class Environment(ABC):
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         """`n` distinct tasks of `split`, reproducible from `seed`."""
 
+    def tools(self, task: Task) -> list[dict] | None:
+        """Tool schemas (OpenAI function format) the chat template renders into the prompt."""
+        return None
+
     def reset(self, task: Task) -> list[Message]:
         """The messages the model sees first."""
         return [dict(m) for m in task.prompt]

@@ -2,8 +2,9 @@
 
 Version 2 is "the weekly tool update": `get_stock(item)` became `lookup_item(sku)` and returns
 `{"sku", "quantity"}` instead of `{"item", "count"}`; `add_stock(item, count)` became
-`restock(sku, quantity)`. The tool schema is in the system prompt, as in real agent prompts,
-so a model that reads it can adapt; one that memorised v1 fails on v2. The version is a config
+`restock(sku, quantity)`. The tool schemas are given in the prompt through the chat template's `tools`
+(as real agent prompts get them), so a model that reads them can adapt; one that memorised v1
+fails on v2. The version is a config
 value, part of the environment's name (`tools@v2`) and recorded in every task and score.
 
 State is never kept between calls: the inventory of an episode is replayed from the task's
@@ -79,10 +80,12 @@ class ToolsEnv(Environment):
 
     # --- tasks ------------------------------------------------------------------------
     def _system(self) -> str:
-        return ("You manage an inventory through tools. Call a tool as "
-                '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>. '
-                "When done, reply with the final number only.\nTools: "
-                + json.dumps([s["function"] for s in schema(self.config.version)]))
+        # The schemas themselves go through the chat template (`tools`), as real agents get them.
+        return ('Call tools as <tool_call>{"name": ..., "arguments": {...}}</tool_call>. '
+                "Reply with the final number only.")
+
+    def tools(self, task: Task) -> list[dict]:
+        return schema(task.info.get("version", self.config.version))
 
     def draw(self, rng: random.Random, split: Split) -> Task:
         while True:

@@ -19,12 +19,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..algorithms.sft import sft_loss
 from ..chat import ChatTokenizer, build_char_tokenizer
-from ..envs.arith import ArithConfig, ArithEnv
+from ..envs import make_env, play
 from ..logprobs import make_batch, token_logprobs
 from ..progress import progress as progress_bar
 
-# Bump when the pre-training code changes in a way that changes the weights.
-RECIPE_VERSION = 1
+# Bump when the pre-training code or the tokenizer's template changes what gets cached.
+RECIPE_VERSION = 2
+
+
+class CorpusSpec(BaseModel):
+    """One task generator of the pre-training corpus (gold episodes of its train split)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("arith", description="Registered environment with a `draw(rng, split)` generator.")
+    options: dict = Field(default_factory=dict, description="Its options.")
+    copies: int = Field(1, ge=1, description="Relative weight in the corpus.")
 
 
 class NanoConfig(BaseModel):
@@ -37,9 +47,9 @@ class NanoConfig(BaseModel):
     heads: int = Field(4, ge=1, description="Attention heads (head_dim = hidden_size / heads).")
     intermediate_size: int = Field(512, ge=16, description="MLP width.")
     max_positions: int = Field(512, ge=32, description="Longest sequence the model supports.")
-    corpus: list[ArithConfig] = Field(
-        default_factory=lambda: [ArithConfig()],
-        description="Task generators whose train split (with gold answers) forms the corpus.",
+    corpus: list[CorpusSpec] = Field(
+        default_factory=lambda: [CorpusSpec()],
+        description="Task generators whose train split (gold episodes) forms the corpus.",
     )
     loss_on: str = Field("all", pattern="^(all|assistant)$",
                          description="Next-token loss on every token, or only on assistant replies.")
@@ -72,15 +82,14 @@ def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
     return LlamaForCausalLM(hf_cfg)
 
 
-def corpus_batch(envs: list[ArithEnv], tok: ChatTokenizer, rng: random.Random, n: int,
-                 loss_on: str):
-    """`n` rendered gold conversations from the train split of random environments."""
+def corpus_batch(envs: list, tok: ChatTokenizer, rng: random.Random, n: int, loss_on: str):
+    """`n` rendered gold episodes from the train split of randomly chosen environments."""
     seqs, masks = [], []
     for _ in range(n):
         env = rng.choice(envs)
         task = env.draw(rng, "train")
-        msgs = env.reset(task) + [{"role": "assistant", "content": env.gold_reply(task)}]
-        ids, mask = tok.sft_ids(msgs)
+        msgs, _ = play(env, task, env.gold_turns(task))
+        ids, mask = tok.sft_ids(msgs, tools=env.tools(task))
         seqs.append(ids)
         masks.append([1] * len(ids) if loss_on == "all" else mask)
     return make_batch(seqs, masks, None, tok.pad_token_id)
@@ -90,7 +99,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
     """Pre-train from random weights for `cfg.steps` steps; returns model, tokenizer, stats."""
     tok = ChatTokenizer(build_char_tokenizer())
     model = build_model(cfg, tok).train()
-    envs = [ArithEnv(c) for c in cfg.corpus]
+    envs = [make_env(c.name, **c.options) for c in cfg.corpus for _ in range(c.copies)]
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, cfg.steps // 20)
@@ -116,6 +125,23 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
              "final_loss": sum(losses[-20:]) / len(losses[-20:]),
              "parameters": sum(p.numel() for p in model.parameters())}
     return model.eval(), tok, stats
+
+
+# Named nano variants (`--model nano-tools`): the default, and one that has also seen the
+# tools@v1 environment's gold episodes, enough to call tools sometimes, not reliably.
+PRESETS: dict[str, NanoConfig] = {}
+
+
+def preset(name: str) -> NanoConfig:
+    if not PRESETS:
+        PRESETS["nano"] = NanoConfig()
+        # 300 steps: greedy tools@v1 success ~9%, pass@8 ~47% (400 steps already gave 50%).
+        PRESETS["nano-tools"] = NanoConfig(
+            corpus=[CorpusSpec(name="arith"), CorpusSpec(name="tools", options={"version": 1})],
+            steps=300, batch_size=32)
+    if name not in PRESETS:
+        raise ValueError(f"unknown nano preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name]
 
 
 def ensure_nano(cfg: NanoConfig, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
