@@ -28,12 +28,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = TrainConfig(
         model="nano-tools", name="tools-grpo", run_dir=tempfile.mkdtemp(),
         env=EnvSpec(name="tools", options={"version": 1}, max_turns=3),
-        sampling=SamplingConfig(max_new_tokens=100),
+        sampling=SamplingConfig(max_new_tokens=100, temperature=args.temperature),
         grpo=GRPOConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=8, lr=args.lr, warmup_steps=10,
                         betas=(0.9, 0.999), max_staleness=args.max_staleness),
         eval=EvalConfig(tasks=64, every=25, max_new_tokens=100),

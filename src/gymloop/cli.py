@@ -39,9 +39,9 @@ def before_after_table(summary: dict) -> str:
     if eco:
         ipd = eco.get("intelligence_per_dollar")
         cpt = eco.get("cost_per_1m_generated_tokens")
+        per_token = f"; ${cpt:.4f} per 1M generated tokens" if cpt is not None else ""
         lines.insert(-1, f"cost on {eco['profile']} (${eco['usd_per_hour']:.2f}/h): run ${eco['dollars']:.4f}, "
-                         f"post-training ${eco['post_training_dollars']:.4f}; "
-                         f"${cpt:.4f} per 1M generated tokens; " if cpt is not None else "")
+                         f"post-training ${eco['post_training_dollars']:.4f}{per_token}")
         lines.insert(-1, "intelligence per dollar: "
                          + (f"{ipd:,.0f} held-out points per $" if ipd is not None else "n/a"))
     return "\n".join(lines)
