@@ -221,3 +221,73 @@ def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
     assert len(answered) > 10
     missing = [a for a in answered if store.get_trace(a) is None]
     assert missing == [], f"{len(missing)} of {len(answered)} answered requests have no trace"
+
+
+def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok, capsys):
+    """The store decides what is served: promoted versions are picked up without a restart,
+    a candidate that was rejected is never served, and rollback returns to an earlier one."""
+    import torch
+    import uvicorn
+    from openai import OpenAI
+
+    from conftest import tiny_llama
+    from gymloop.checkpoint import save_model
+    from gymloop.cli import main
+
+    dirs = {}
+    for seed in (11, 12, 13):
+        dirs[seed] = save_model(tiny_llama(tok.vocab_size, seed=seed), tok, tmp_path / f"m{seed}")
+    db = tmp_path / "promo.db"
+    cfg = ServeConfig(model=str(dirs[11]), model_name="tiny", db=str(db), api_keys=[KEY], poll_s=0.1)
+    app, batcher, store = build(cfg)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(base + "/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+
+    def served_version():
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "3+4="}], max_tokens=4)
+        return r.system_fingerprint
+
+    def wait_for(fp):
+        for _ in range(100):
+            if served_version() == fp:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def weights_equal(path):
+        from safetensors.torch import load_file
+
+        ref = load_file(str(path / "model.safetensors"))
+        own = batcher.engine.model.state_dict()
+        return all(torch.equal(own[k], v) for k, v in ref.items())
+
+    try:
+        assert served_version() == "gymloop-v0"
+        assert main(["models", "add", str(dirs[12]), "--db", str(db), "--promote"]) == 0     # v1
+        assert wait_for("gymloop-v1") and weights_equal(dirs[12])
+        bad = store.add_model_version(str(dirs[13]), parent=1, status="candidate")          # v2, worse on purpose
+        store.set_model_status(bad, "rejected", scores={"arith": 0.0})
+        time.sleep(0.5)
+        assert served_version() == "gymloop-v1" and weights_equal(dirs[12])
+        assert main(["models", "add", str(dirs[13]), "--db", str(db), "--promote"]) == 0     # v3
+        assert wait_for("gymloop-v3")
+        assert main(["rollback", "1", "--db", str(db)]) == 0
+        assert wait_for("gymloop-v1") and weights_equal(dirs[12])
+        assert {v["version"]: v["status"] for v in store.model_versions()} == {
+            1: "promoted", 2: "rejected", 3: "rolled_back"}
+        assert main(["rollback", "2", "--db", str(db)]) == 2                                # never promoted
+        assert "never promoted" in capsys.readouterr().err
+    finally:
+        srv.should_exit = True
+        t.join(5)
+        batcher.close()

@@ -134,6 +134,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from .store import Store
+
+    store = Store(args.db)
+    if args.models_command == "add":
+        from .checkpoint import load_model
+
+        load_model(args.dir)  # refuse what is not a loadable model directory
+        version = store.add_model_version(str(Path(args.dir).resolve()), parent=None,
+                                          status="promoted" if args.promote else "candidate")
+        print(json.dumps({"version": version, "status": "promoted" if args.promote else "candidate"}))
+        return 0
+    for r in store.model_versions():
+        print(f"v{r['version']:<4} {r['status']:<12} parent={r['parent']}  {r['path']}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from .store import Store
+
+    Store(args.db).rollback_to(args.version)
+    print(f"version {args.version} is promoted again; servers following {args.db} switch to it")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
@@ -218,6 +243,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
     sv.set_defaults(fn=cmd_serve)
 
+    mv = sub.add_parser("models", help="model versions in a store")
+    mvs = mv.add_subparsers(dest="models_command", required=True)
+    ml = mvs.add_parser("list", help="every version with its status")
+    ml.add_argument("--db", default="gymloop.db")
+    ml.set_defaults(fn=cmd_models)
+    ma = mvs.add_parser("add", help="register a model directory as a version")
+    ma.add_argument("dir")
+    ma.add_argument("--db", default="gymloop.db")
+    ma.add_argument("--promote", action="store_true", help="promote it at once (servers switch to it)")
+    ma.set_defaults(fn=cmd_models)
+
+    rb = sub.add_parser("rollback", help="serve an earlier promoted version again")
+    rb.add_argument("version", type=int)
+    rb.add_argument("--db", default="gymloop.db")
+    rb.set_defaults(fn=cmd_rollback)
+
     rp = sub.add_parser("report", help="write report.html for a run directory")
     rp.add_argument("run_dir")
     rp.set_defaults(fn=cmd_report)
@@ -250,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import ConfigError
     from .sandbox import SandboxUnavailable
+    from .store import StoreError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, ValidationError, SandboxUnavailable) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ValidationError, SandboxUnavailable, StoreError) as exc:
         print(f"gymloop {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

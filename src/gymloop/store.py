@@ -216,6 +216,23 @@ class Store:
         row = self._conn().execute("SELECT * FROM model_versions WHERE version = ?", (version,)).fetchone()
         return None if row is None else _row(row, ("scores",))
 
+    def rollback_to(self, version: int) -> None:
+        """Serve `version` again: every promoted version after it becomes rolled_back."""
+        with self.tx() as c:
+            row = c.execute("SELECT status FROM model_versions WHERE version = ?", (version,)).fetchone()
+            if row is None:
+                raise StoreError(f"unknown model version {version}")
+            if row["status"] not in ("promoted", "rolled_back"):
+                raise StoreError(f"version {version} was never promoted (status {row['status']}); "
+                                 "only a version that passed the gate can be served again")
+            c.execute("UPDATE model_versions SET status = 'rolled_back' WHERE version > ? AND status = 'promoted'",
+                      (version,))
+            c.execute("UPDATE model_versions SET status = 'promoted' WHERE version = ?", (version,))
+
+    def model_versions(self) -> list[dict]:
+        rows = self._conn().execute("SELECT * FROM model_versions ORDER BY version").fetchall()
+        return [_row(r, ("scores",)) for r in rows]
+
     def promoted(self) -> dict | None:
         """The most recently promoted version still in service."""
         row = self._conn().execute("SELECT * FROM model_versions WHERE status = 'promoted' "

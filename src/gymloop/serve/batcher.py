@@ -45,6 +45,10 @@ class Batcher:
     def version(self) -> int:
         return self.engine.version
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_token: Callable[[int], None] | None = None) -> Request:
         if self._stop.is_set():

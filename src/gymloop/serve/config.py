@@ -21,6 +21,7 @@ class ServeConfig(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most requests in one engine batch.")
     max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
+    poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
 
     def served_name(self) -> str:
         if self.model_name:
