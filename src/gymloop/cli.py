@@ -134,6 +134,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from .config import ConfigError, format_validation_error
+    from .loop import LoopConfig, run_loop
+
+    try:
+        cfg = LoopConfig.model_validate(yaml.safe_load(Path(args.config).read_text()) or {})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, args.config)) from None
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    rounds = run_loop(cfg, progress=not args.quiet)
+    print(f"{len(rounds)} rounds committed in {cfg.store}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .store import Store
 
@@ -242,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
     sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
     sv.set_defaults(fn=cmd_serve)
+
+    rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
+    rn.add_argument("config")
+    rn.add_argument("--quiet", action="store_true")
+    rn.set_defaults(fn=cmd_run)
 
     mv = sub.add_parser("models", help="model versions in a store")
     mvs = mv.add_subparsers(dest="models_command", required=True)

@@ -103,6 +103,8 @@ class TrainConfig(_Strict):
         None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
     )
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+    init_trainer_state: str | None = Field(
+        None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
 
 

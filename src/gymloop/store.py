@@ -229,6 +229,33 @@ class Store:
                       (version,))
             c.execute("UPDATE model_versions SET status = 'promoted' WHERE version = ?", (version,))
 
+    def ensure_run(self, run_id: str, config: dict) -> None:
+        with self.tx() as c:
+            c.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?)", (run_id, time.time(), json.dumps(config), "running"))
+
+    def last_round(self, run_id: str) -> int:
+        row = self._conn().execute("SELECT MAX(round) FROM rounds WHERE run_id = ?", (run_id,)).fetchone()
+        return row[0] or 0
+
+    def rounds(self, run_id: str) -> list[dict]:
+        rows = self._conn().execute("SELECT * FROM rounds WHERE run_id = ? ORDER BY round", (run_id,)).fetchall()
+        return [_row(r, ("metrics",)) for r in rows]
+
+    def commit_round(self, run_id: str, round: int, *, path: str, parent: int | None, status: str,
+                     scores: dict, metrics: dict, started: float) -> int:
+        """Register the round's candidate and the round itself in one transaction.
+
+        A crash before this call loses nothing committed (the round is redone); after it, the
+        round exists exactly once (the primary key refuses a second commit).
+        """
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
+                            (parent, path, time.time(), status, json.dumps(scores)))
+            version = int(cur.lastrowid)
+            c.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?)",
+                      (run_id, round, status, started, time.time(), json.dumps({**metrics, "version": version})))
+        return version
+
     def model_versions(self) -> list[dict]:
         rows = self._conn().execute("SELECT * FROM model_versions ORDER BY version").fetchall()
         return [_row(r, ("scores",)) for r in rows]

@@ -50,6 +50,8 @@ def train(cfg: TrainConfig, progress: bool = True,
     trainer = Trainer(model, cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay,
                       warmup_steps=cfg.grpo.warmup_steps, max_grad_norm=cfg.grpo.max_grad_norm,
                       ref_model=cfg.grpo.beta > 0, betas=cfg.grpo.betas)
+    if cfg.init_trainer_state:
+        trainer.load_state(cfg.init_trainer_state)
     env = make_env(cfg.env.name, **cfg.env.options)
     heldout = env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed)
     g = cfg.grpo

@@ -1,0 +1,86 @@
+"""The continuous loop: gate decisions, promotion into the store, crash-safe rounds."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from gymloop.envs import REGISTRY
+from gymloop.loop import GateConfig, LoopConfig, gate, run_loop
+from gymloop.store import Store
+
+from test_train import DigitEnv
+
+
+def test_gate_by_hand():
+    g = GateConfig(delta=0.05, epsilon=0.02)
+    assert gate({"a": 0.5, "b": 0.8}, {"a": 0.6, "b": 0.79}, "a", g)[0] is True
+    ok, why = gate({"a": 0.5, "b": 0.8}, {"a": 0.6, "b": 0.70}, "a", g)
+    assert not ok and "b fell by 0.100" in why
+    ok, why = gate({"a": 0.5}, {"a": 0.53}, "a", g)
+    assert not ok and "< delta" in why
+
+
+def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "t", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
+        "gate": {"delta": 0.2, "epsilon": 0.05}})
+    rounds = run_loop(cfg, echo=lambda m: None)
+    store = Store(cfg.store)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert rounds[0]["status"] == "promoted" and rounds[0]["metrics"]["after"]["digit"] >= 0.9
+    assert rounds[1]["status"] == "rejected"          # nothing left to gain by delta 0.2
+    versions = {v["version"]: v for v in store.model_versions()}
+    assert versions[1]["status"] == "promoted" and versions[1]["parent"] is None     # the base
+    assert versions[2]["status"] == "promoted" and versions[2]["parent"] == 1
+    assert versions[3]["status"] == "rejected" and versions[3]["parent"] == 2
+    assert store.promoted()["version"] == 2
+    # resuming a finished loop does nothing more
+    assert len(run_loop(cfg, echo=lambda m: None)) == 2
+
+
+def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_model_dir):
+    cfg = {"model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+           "name": "crash", "rounds": 4, "env": {"name": "arith"}, "eval_tasks": 10,
+           "eval_max_new_tokens": 3, "sampling": {"max_new_tokens": 3},
+           "grpo": {"steps": 30, "prompts_per_step": 4, "group_size": 4, "drop_zero_signal": False}}
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "gymloop.cli", "run", str(path), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store = Store(cfg["store"])
+    deadline = time.time() + 120
+    while store.last_round("crash") < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.4)                                   # inside round 2 (or later)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    killed_at = store.last_round("crash")
+    assert 1 <= killed_at < 4, proc.stderr.read().decode()[-2000:]
+    done = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    rounds = store.rounds("crash")
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4]            # none lost, none twice
+    versions = {v["version"]: v for v in store.model_versions()}
+    assert sorted(r["metrics"]["version"] for r in rounds) == sorted(v for v in versions if v != 1)
+    promoted = store.promoted()
+    assert promoted is not None and os.path.exists(os.path.join(promoted["path"], "model.safetensors"))
+
+
+def test_bad_loop_config_is_a_clear_error(tmp_path, capsys):
+    from gymloop.cli import main
+
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"rounds": 0, "gate": {"delta": -1}}))
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "rounds" in err and "gate.delta" in err
