@@ -84,3 +84,31 @@ def test_bad_loop_config_is_a_clear_error(tmp_path, capsys):
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err
     assert "rounds" in err and "gate.delta" in err
+
+
+def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
+    from gymloop.envs import make_env
+
+    store = Store(tmp_path / "loop.db")
+    env = make_env("arith")
+    failed = env.sample_tasks(3, "train", 7)
+    for i, t in enumerate(failed):
+        tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                              completion_tokens=1, latency_s=0.1)
+        store.add_feedback(tid, reward=0.0, env="arith", env_version=None, task_id=t.id)
+    ok = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                         completion_tokens=1, latency_s=0.1)
+    store.add_feedback(ok, reward=1.0, env="arith", task_id="arith:1+1")            # a success: not a failure
+    bad = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                          completion_tokens=1, latency_s=0.1)
+    store.add_feedback(bad, reward=0.0, env="arith", task_id="not-an-arith-id")     # unrebuildable: skipped
+    cfg = LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "prod", "rounds": 1, "env": {"name": "arith"}, "eval_tasks": 10, "eval_max_new_tokens": 3,
+        "sampling": {"max_new_tokens": 3}, "curriculum": {"production_share": 0.5},
+        "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}})
+    rounds = run_loop(cfg, echo=lambda m: None)
+    assert rounds[0]["metrics"]["curriculum"] == {"production_failures": 3, "production_per_step": 2}
+    rows = store.tasks()
+    assert {r["id"] for r in rows} == {t.id for t in failed} and {r["source"] for r in rows} == {"production"}
+    assert store.tasks(source="production")[0]["prompt"][0]["role"] == "user"

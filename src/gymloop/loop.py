@@ -21,7 +21,7 @@ from pydantic import Field
 from .checkpoint import load_model, resolve_model
 from .config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
 from .engine import Engine
-from .envs import make_env
+from .envs import Task, make_env
 from .evaluate import evaluate
 from .store import Store
 from .train import train
@@ -32,6 +32,13 @@ class GateConfig(_Strict):
 
     delta: float = Field(0.01, ge=0, description="The target suite's pass@1 must rise by at least this.")
     epsilon: float = Field(0.02, ge=0, description="No suite's pass@1 may fall by more than this.")
+
+
+class CurriculumConfig(_Strict):
+    """What each round trains on."""
+
+    production_share: float = Field(0.5, ge=0, le=1, description="Share of each step's tasks drawn from "
+                                    "production failures (feedback with reward < 1 and a task reference).")
 
 
 class LoopConfig(_Strict):
@@ -49,6 +56,7 @@ class LoopConfig(_Strict):
     eval_tasks: int = Field(200, ge=1, description="Held-out tasks per suite.")
     eval_max_new_tokens: int = Field(8, ge=1, description="Most tokens per turn in evaluation.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Curriculum.")
     seed: int = Field(0, description="Seed; round r uses seed * 1000 + r.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
 
@@ -76,6 +84,34 @@ def gate(before: dict[str, float], after: dict[str, float], target: str, g: Gate
     return True, f"{target} rose by {gain:+.3f}"
 
 
+def curriculum(cfg: LoopConfig, store: Store, r: int) -> tuple[Callable[[int], list[Task]], dict]:
+    """task_source(step) for round r: production failures of the target environment (rebuilt
+    from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
+    env = make_env(cfg.env.name, **cfg.env.options)
+    failures = []
+    for f in store.production_failures():
+        if f["env"] != env.name and f["env"] != cfg.env.name:
+            continue
+        try:
+            t = env.task_from_id(f["task_id"])
+        except ValueError:
+            continue          # a reference this environment cannot rebuild: skip, never crash
+        t = Task(**{**t.__dict__, "source": "production", "split": "train"})
+        store.add_task(t)
+        failures.append(t)
+    n = cfg.grpo.prompts_per_step
+    n_prod = min(len(failures), round(n * cfg.curriculum.production_share))
+    stats = {"production_failures": len(failures), "production_per_step": n_prod}
+
+    def source(step: int) -> list[Task]:
+        k = (r * 1_000 + step) * n_prod
+        prod = [failures[(k + i) % len(failures)] for i in range(n_prod)] if n_prod else []
+        fresh = env.sample_tasks(n - n_prod, "train", seed=(cfg.seed * 1000 + r) * 1_000_003 + step)
+        return prod + fresh
+
+    return source, stats
+
+
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
     store = Store(cfg.store)
     store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
@@ -98,14 +134,15 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.eval_max_new_tokens),
             seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(Path(cfg.run_dir) / cfg.name),
             name=f"round-{r:04d}", init_trainer_state=start_dir if has_state else None)
-        summary = train(tcfg, progress=progress, echo=lambda m: None)
+        source, cur_stats = curriculum(cfg, store, r)
+        summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
         candidate = str(Path(summary["run_dir"]) / "checkpoint")
         after = suite_scores(candidate, suites, cfg)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
-            started=started, metrics={"before": before, "after": after, "why": why,
+            started=started, metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats,
                                       "economics": {k: summary["economics"].get(k) for k in
                                                     ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))

@@ -189,6 +189,20 @@ class Store:
         rows = self._conn().execute("SELECT * FROM feedback WHERE trace_id = ? ORDER BY id", (trace_id,)).fetchall()
         return [dict(r) for r in rows]
 
+    def production_failures(self, limit: int = 1000) -> list[dict]:
+        """Distinct tasks that production feedback marked as failed (reward < 1), newest first."""
+        rows = self._conn().execute(
+            "SELECT env, env_version, task_id, MAX(created) AS last FROM feedback "
+            "WHERE task_id IS NOT NULL AND env IS NOT NULL AND reward < 1 "
+            "GROUP BY env, env_version, task_id ORDER BY last DESC LIMIT ?", (limit,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def tasks(self, source: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM tasks", ()
+        if source is not None:
+            q, args = q + " WHERE source = ?", (source,)
+        return [_row(r, ("prompt", "answer", "info")) for r in self._conn().execute(q + " ORDER BY created", args)]
+
     # --- tasks -----------------------------------------------------------------------------
     def add_task(self, task) -> None:
         with self.tx() as c:

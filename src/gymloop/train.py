@@ -30,9 +30,12 @@ def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=()) -> EvalResult:
                     temperature=cfg.sampling.temperature, seed=cfg.seed)
 
 
-def train(cfg: TrainConfig, progress: bool = True,
-          echo: Callable[[str], None] = print) -> dict:
-    """Run GRPO as configured; return the summary (also written to summary.json)."""
+def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
+          task_source: Callable[[int], list] | None = None) -> dict:
+    """Run GRPO as configured; return the summary (also written to summary.json).
+
+    `task_source(step) -> tasks` replaces sampling fresh train tasks (the loop's curriculum).
+    """
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
     phases = Phases()
@@ -73,7 +76,7 @@ def train(cfg: TrainConfig, progress: bool = True,
     zero_groups = total_groups = 0
     last = base
     task_seed = lambda step: cfg.seed * 1_000_003 + step  # noqa: E731
-    sampler = lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step))  # noqa: E731
+    sampler = task_source or (lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step)))
     params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
     if g.max_staleness == 0:
         source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)

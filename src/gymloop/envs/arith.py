@@ -107,6 +107,12 @@ class ArithEnv(Environment):
             if split_of(expr, self.config.heldout_fraction) == split:
                 return self.make_task(expr)
 
+    def task_from_id(self, task_id: str) -> Task:
+        expr = task_id.removeprefix("arith:")
+        if not re.fullmatch(r"\d+([+\-*]\d+)+", expr):
+            raise ValueError(f"not an arith task id: {task_id!r}")
+        return self.make_task(expr)
+
     def verify(self, task: Task, messages: list[Message]) -> Score:
         reply = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
         got = parse_answer(reply)

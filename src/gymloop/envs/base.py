@@ -92,6 +92,10 @@ class Environment(ABC):
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         """`n` distinct tasks of `split`, reproducible from `seed`."""
 
+    def task_from_id(self, task_id: str) -> Task:
+        """Rebuild a task from its id (how production feedback names a task to retrain on)."""
+        raise ValueError(f"environment {self.name!r} cannot rebuild tasks from ids")
+
     def tools(self, task: Task) -> list[dict] | None:
         """Tool schemas (OpenAI function format) the chat template renders into the prompt."""
         return None

@@ -92,12 +92,13 @@ class ToolsEnv(Environment):
             item, start = rng.choice(ITEMS), rng.randint(0, 9)
             add = rng.randint(0, self.config.max_add)
             # The split hashes the problem, not the version: v1 and v2 share held-out problems.
-            key = f"{item}:{start}:{add}"
-            if split_of(key, self.config.heldout_fraction) == split:
-                break
+            if split_of(f"{item}:{start}:{add}", self.config.heldout_fraction) == split:
+                return self._task(item, start, add, split)
+
+    def _task(self, item: str, start: int, add: int, split: Split) -> Task:
         question = (f"How many {item} are in stock?" if add == 0
                     else f"Add {add} {item}, then tell me how many {item} are in stock.")
-        return Task(id=f"{self.name}:{key}", env=self.name,
+        return Task(id=f"{self.name}:{item}:{start}:{add}", env=self.name,
                     prompt=({"role": "system", "content": self._system()},
                             {"role": "user", "content": question}),
                     answer=start + add, split=split,
@@ -107,6 +108,16 @@ class ToolsEnv(Environment):
         rng = random.Random(f"tools|{split}|{seed}")
         space = len(ITEMS) * 10 * (self.config.max_add + 1)
         return sample_distinct(self.draw, n, split, rng, space, self.config.heldout_fraction)
+
+    def task_from_id(self, task_id: str) -> Task:
+        try:
+            _, item, start, add = task_id.split(":")
+            start_i, add_i = int(start), int(add)
+        except ValueError:
+            raise ValueError(f"not a tools task id: {task_id!r}") from None
+        if item not in ITEMS:
+            raise ValueError(f"not a tools task id: {task_id!r}")
+        return self._task(item, start_i, add_i, split_of(f"{item}:{start_i}:{add_i}", self.config.heldout_fraction))
 
     # --- episode ----------------------------------------------------------------------
     def _call(self, stock: dict[str, int], call: ToolCall) -> tuple[dict, bool]:
