@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import yaml
 
 from gymloop.envs import REGISTRY

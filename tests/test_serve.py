@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import socket
 import threading
 import time

@@ -8,7 +8,6 @@ Writes a run directory: config.yaml, metrics.jsonl, checkpoint/, summary.json.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch

