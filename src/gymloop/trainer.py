@@ -59,6 +59,36 @@ def rollouts_to_batch(rollouts: Sequence[Rollout], pad_id: int) -> TokenBatch:
     return make_batch(seqs, masks, logps, pad_id)
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _global_count(mb: TokenBatch, agg: str) -> float | None:
+    """Data parallel: the whole batch's token (or sequence) count across ranks; None alone."""
+    if not _distributed():
+        return None
+    n = mb.loss_mask.sum() if agg == "token-mean" else torch.tensor(float(len(mb)))
+    n = n.detach().clone().float()
+    torch.distributed.all_reduce(n)
+    return float(n.clamp(min=1))
+
+
+def _all_reduce_grads(model: torch.nn.Module) -> None:
+    """Sum gradients over ranks (each rank's loss is already divided by the global count).
+
+    Gradients are flattened into one bucket so a step is one collective, not one per tensor.
+    """
+    if not _distributed():
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 class Trainer:
     """AdamW over a model's parameters with warm-up, clipping and checkpoints."""
 
@@ -100,7 +130,7 @@ class Trainer:
                 loss, m = grpo_loss(logp, mb.old_logp, advantages[idx], mb.loss_mask,
                                     clip_low=clip_low, clip_high=clip_high,
                                     ref_logp=None if ref_logp is None else ref_logp[idx],
-                                    beta=beta, agg=loss_agg)
+                                    beta=beta, agg=loss_agg, normalizer=_global_count(mb, loss_agg))
                 m["grad_norm"] = self._apply(loss)
                 for k, v in m.items():
                     agg[k] = agg.get(k, 0.0) + v
@@ -111,6 +141,7 @@ class Trainer:
     def _apply(self, loss: torch.Tensor) -> float:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        _all_reduce_grads(self.model)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         self.sched.step()

@@ -40,12 +40,15 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = T
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               loss_mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
               ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-              agg: LossAgg = "token-mean") -> tuple[torch.Tensor, dict]:
+              agg: LossAgg = "token-mean", normalizer: float | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped policy-gradient loss.
 
     logp, old_logp, loss_mask: [N, L]  (current / behaviour log-probs; 1 on trained tokens)
     advantages: [N]                   (one per sequence, broadcast over its tokens)
     ref_logp: [N, L] or None          (frozen reference; adds beta * KL, k3 estimator)
+    normalizer: the token count ("token-mean") or sequence count ("seq-mean") to divide by;
+        None means this batch's own. Data-parallel ranks pass the *global* count, so the sum
+        of their gradients equals the gradient of the whole batch on one process.
     Returns the scalar loss and float metrics.
     """
     mask = loss_mask.float()
@@ -60,7 +63,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         d = ref_logp - logp                                        # k3: e^d - d - 1 >= 0
         kl = d.exp() - d - 1
         per_tok = per_tok + beta * kl
-    loss = _aggregate(per_tok, mask, agg)
+    loss = _aggregate(per_tok, mask, agg, normalizer)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         is_clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
@@ -74,10 +77,11 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     return loss, metrics
 
 
-def _aggregate(per_tok: torch.Tensor, mask: torch.Tensor, agg: LossAgg) -> torch.Tensor:
+def _aggregate(per_tok: torch.Tensor, mask: torch.Tensor, agg: LossAgg,
+               normalizer: float | None = None) -> torch.Tensor:
     if agg == "token-mean":
-        return (per_tok * mask).sum() / mask.sum().clamp(min=1)
+        return (per_tok * mask).sum() / (normalizer or mask.sum().clamp(min=1))
     if agg == "seq-mean":
         per_seq = (per_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
+        return per_seq.sum() / (normalizer or per_seq.numel())
     raise ValueError(f"unknown loss aggregation {agg!r}; known: token-mean, seq-mean")

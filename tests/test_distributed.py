@@ -1,0 +1,83 @@
+"""Data-parallel training: 2 processes (gloo) follow the same loss curve as 1 process on the
+same global batch, because each rank divides by the global token count and gradients are summed."""
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import socket
+
+import torch
+
+from gymloop.logprobs import make_batch, token_logprobs
+from gymloop.trainer import Trainer
+
+from conftest import tiny_llama
+
+STEPS = 6
+
+
+def global_batch(vocab: int):
+    g = torch.Generator().manual_seed(0)
+    seqs, masks = [], []
+    for i in range(8):
+        n = 6 + (i * 3) % 7                      # uneven lengths: token counts differ per rank
+        seqs.append(torch.randint(7, vocab, (n,), generator=g).tolist())
+        masks.append([0] * 3 + [1] * (n - 3))
+    adv = torch.randn(8, generator=g)
+    return seqs, masks, adv
+
+
+def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1) -> list[float]:
+    rows = list(range(rank, len(seqs), world))
+    batch = make_batch([seqs[i] for i in rows], [masks[i] for i in rows], None, 0)
+    with torch.no_grad():
+        batch.old_logp = token_logprobs(model, batch) * batch.loss_mask
+    trainer = Trainer(model, lr=5e-3, max_grad_norm=0.5)
+    losses = []
+    for _ in range(STEPS):
+        m = trainer.grpo_step(batch, adv[rows], temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0,
+                              loss_agg="token-mean")
+        loss = torch.tensor(m["loss"])
+        if world > 1:
+            torch.distributed.all_reduce(loss)   # each rank's loss is its share of the global mean
+        losses.append(float(loss))
+    return losses
+
+
+def _worker(rank, port, state, vocab, out):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = tiny_llama(vocab)
+        model.load_state_dict(state)
+        seqs, masks, adv = global_batch(vocab)
+        losses = run_steps(model, seqs, masks, adv, rank, 2)
+        if rank == 0:   # plain lists: a tensor sent through a queue needs its sender alive
+            out.put((losses, {k: v.flatten().tolist() for k, v in model.state_dict().items()}))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_process_ddp_matches_one_process(tok):
+    model = tiny_llama(tok.vocab_size, seed=4)
+    state = copy.deepcopy(model.state_dict())
+    seqs, masks, adv = global_batch(tok.vocab_size)
+    single = run_steps(model, seqs, masks, adv)
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, port, state, tok.vocab_size, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    losses, weights = out.get(timeout=120)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert max(abs(a - b) for a, b in zip(single, losses)) <= 1e-4, (single, losses)
+    assert len(set(round(x, 6) for x in single)) > 1                  # the loss really moved
+    worst = max((torch.tensor(weights[k]) - v.flatten()).abs().max().item() for k, v in model.state_dict().items())
+    assert worst <= 1e-4, worst
