@@ -28,8 +28,12 @@ $(VENV)/.core: $(VENV)/.torch pyproject.toml
 	$(PIP) install -e .
 	touch $@
 
+# Tests also render the report and the dashboard in headless Chromium.
 $(VENV)/.dev: $(VENV)/.core
 	$(PIP) install -e ".[dev]"
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && apt-get install -y -qq chromium || echo "note: chromium not installed; browser tests will skip"; \
+	fi
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.dev

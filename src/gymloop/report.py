@@ -67,7 +67,11 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _usd(x: float | None) -> str:
-    return "n/a" if x is None else (f"${x:.4f}" if x < 1 else f"${x:,.2f}")
+    if x is None:
+        return "n/a"
+    if x >= 1:
+        return f"${x:,.2f}"
+    return f"${x:.4f}" if x >= 0.01 else f"${x:.3g}"    # small CPU runs cost fractions of a cent
 
 
 def write_report(run_dir: str | Path) -> Path:

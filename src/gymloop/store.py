@@ -270,6 +270,19 @@ class Store:
                       (run_id, round, status, started, time.time(), json.dumps({**metrics, "version": version})))
         return version
 
+    def stats(self) -> dict:
+        """Aggregates for the dashboard (no trace contents)."""
+        c = self._conn()
+        t = c.execute("SELECT COUNT(*), COALESCE(SUM(completion_tokens), 0), MAX(created) FROM traces").fetchone()
+        f = c.execute("SELECT COUNT(*), COALESCE(SUM(reward < 1), 0) FROM feedback WHERE reward IS NOT NULL").fetchone()
+        d = c.execute("SELECT COALESCE(SUM(dollars), 0), COALESCE(SUM(seconds), 0) FROM ledger").fetchone()
+        return {"traces": t[0], "served_tokens": t[1], "last_trace": t[2], "feedback": f[0], "failures": f[1],
+                "ledger_dollars": d[0], "ledger_seconds": d[1]}
+
+    def recent_rounds(self, limit: int = 20) -> list[dict]:
+        rows = self._conn().execute("SELECT * FROM rounds ORDER BY finished DESC LIMIT ?", (limit,)).fetchall()
+        return [_row(r, ("metrics",)) for r in reversed(rows)]
+
     def model_versions(self) -> list[dict]:
         rows = self._conn().execute("SELECT * FROM model_versions ORDER BY version").fetchall()
         return [_row(r, ("scores",)) for r in rows]

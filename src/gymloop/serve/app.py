@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +24,7 @@ from ..engine import SamplingParams
 from ..store import Store, StoreError
 from .batcher import Batcher
 from .config import ServeConfig
+from .dashboard import PAGE, dashboard_data
 
 
 class APIError(Exception):
@@ -134,6 +135,15 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
             e = err.errors()[0]
             loc = ".".join(str(x) for x in e["loc"])
             raise APIError(400, f"{loc}: {e['msg']}", param=loc) from None
+
+    @app.get("/", response_class=HTMLResponse)
+    async def dashboard():
+        return HTMLResponse(PAGE)
+
+    @app.get("/v1/dashboard")
+    async def dashboard_json():
+        # Aggregates only (counts, scores, costs), never trace contents: readable without a key.
+        return await run_in_threadpool(dashboard_data, store, batcher, metrics, name)
 
     @app.get("/healthz")
     async def healthz():

@@ -1,0 +1,118 @@
+"""The report and the dashboard in headless Chromium: no console errors, every chart drawn
+(checked in the DOM after scripts ran), a screenshot kept in test-artifacts/."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium missing: apt-get install chromium (make test does)")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=6000"]
+
+
+def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines()
+            if "CONSOLE" in ln and re.search(r"error|uncaught", ln, re.I)]
+
+
+class Charts(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.charts, self.marks, self.attrs = [], {}, {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "figure" and "chart" in (a.get("class") or ""):
+            self.charts.append(a.get("data-chart"))
+        if tag in ("polyline", "rect", "circle") and self.charts:
+            self.marks[self.charts[-1]] = self.marks.get(self.charts[-1], 0) + 1
+        if tag == "body":
+            self.attrs = a
+
+
+def check_page(url: str, tmp_path: Path, name: str) -> Charts:
+    dom = chromium(url, tmp_path / "profile-dom", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert console_errors(dom.stderr) == [], console_errors(dom.stderr)
+    charts = Charts()
+    charts.feed(dom.stdout)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / f"{name}.png"
+    r = chromium(url, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,1400")
+    assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000
+    return charts
+
+
+def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
+    from gymloop.config import TrainConfig
+    from gymloop.report import write_report
+    from gymloop.train import train
+
+    cfg = TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "sampling": {"max_new_tokens": 4},
+        "grpo": {"steps": 6, "prompts_per_step": 4, "group_size": 4, "drop_zero_signal": False},
+        "eval": {"tasks": 20, "every": 2, "max_new_tokens": 4}})
+    summary = train(cfg, progress=False, echo=lambda m: None)
+    page = write_report(summary["run_dir"])
+    charts = check_page(page.as_uri(), tmp_path, "report")
+    assert len(charts.charts) == 4 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
+
+
+def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
+    import uvicorn
+    from openai import OpenAI
+
+    from gymloop.serve import ServeConfig, build
+
+    from test_serve import KEY, free_port
+
+    cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(tmp_path / "d.db"), api_keys=[KEY])
+    app, batcher, store = build(cfg)
+    store.ensure_run("demo", {})
+    base_v = store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.2})
+    for r, (status, score) in enumerate([("promoted", 0.3), ("rejected", 0.25), ("promoted", 0.4)], 1):
+        store.commit_round("demo", r, path=str(tiny_model_dir), parent=base_v, status=status,
+                           scores={"arith": score}, started=time.time(),
+                           metrics={"after": {"arith": score}, "economics": {"post_training_dollars": 0.001}})
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(base + "/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        for i in range(3):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}+1="}], max_tokens=3)
+        httpx.post(base + "/v1/chat/completions", json={"model": "tiny", "messages": []})      # a 401
+        data = httpx.get(base + "/v1/dashboard").json()
+        assert data["stats"]["traces"] == 3 and len(data["rounds"]) == 3 and data["requests"]["401"] == 1
+        charts = check_page(base + "/", tmp_path, "dashboard")
+        assert charts.attrs.get("data-ready") == "1"
+        assert charts.marks.get("target score per round", 0) >= 3      # the line and a dot per promotion
+        assert charts.marks.get("requests by status", 0) >= 2           # a bar for 200 and for 401
+    finally:
+        srv.should_exit = True
+        t.join(5)
+        batcher.close()
