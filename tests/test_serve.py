@@ -290,3 +290,20 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         srv.should_exit = True
         t.join(5)
         batcher.close()
+
+
+def test_serving_is_costed_in_the_ledger(server, client):
+    for i in range(5):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}"}], max_tokens=4)
+    time.sleep(server["cfg"].poll_s + 0.5)          # one flush tick
+    stats = server["store"].stats()
+    rows = server["store"].ledger_rows("serving")
+    served = sum(r["served_tokens"] for r in rows)
+    dollars = sum(r["dollars"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    assert served > 0 and seconds > 0
+    from gymloop.ledger import load_profiles
+
+    price = load_profiles()[server["cfg"].cost_profile].usd_per_hour
+    assert dollars == pytest.approx(seconds * price / 3600)
+    assert stats["cost_per_1m_served_tokens"] == pytest.approx(dollars / served * 1e6)

@@ -276,8 +276,17 @@ class Store:
         t = c.execute("SELECT COUNT(*), COALESCE(SUM(completion_tokens), 0), MAX(created) FROM traces").fetchone()
         f = c.execute("SELECT COUNT(*), COALESCE(SUM(reward < 1), 0) FROM feedback WHERE reward IS NOT NULL").fetchone()
         d = c.execute("SELECT COALESCE(SUM(dollars), 0), COALESCE(SUM(seconds), 0) FROM ledger").fetchone()
+        sv = c.execute("SELECT COALESCE(SUM(dollars), 0), COALESCE(SUM(served_tokens), 0) FROM ledger "
+                       "WHERE phase = 'serving'").fetchone()
         return {"traces": t[0], "served_tokens": t[1], "last_trace": t[2], "feedback": f[0], "failures": f[1],
-                "ledger_dollars": d[0], "ledger_seconds": d[1]}
+                "ledger_dollars": d[0], "ledger_seconds": d[1], "serving_dollars": sv[0],
+                "cost_per_1m_served_tokens": sv[0] / sv[1] * 1e6 if sv[1] else None}
+
+    def ledger_rows(self, phase: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM ledger", ()
+        if phase is not None:
+            q, args = q + " WHERE phase = ?", (phase,)
+        return [dict(r) for r in self._conn().execute(q + " ORDER BY id", args)]
 
     def recent_rounds(self, limit: int = 20) -> list[dict]:
         rows = self._conn().execute("SELECT * FROM rounds ORDER BY finished DESC LIMIT ?", (limit,)).fetchall()

@@ -16,14 +16,49 @@ def build(cfg: ServeConfig):
 
     torch.set_num_threads(cfg.threads)
     model, tok = load_model(resolve_model(cfg.model, progress=False))
+    from ..ledger import load_profiles
+
     store = Store(cfg.db)
+    profiles = load_profiles()
+    if cfg.cost_profile not in profiles:
+        raise ValueError(f"cost_profile {cfg.cost_profile!r} is not a profile; known: {sorted(profiles)}")
+    serving = ServingLedger(store, profiles[cfg.cost_profile].usd_per_hour,
+                            sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
-    batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000)
-    follow_promotions(store, batcher, cfg.poll_s)
+    batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
+    follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     return create_app(cfg, store, batcher, tok), batcher, store
 
 
-def follow_promotions(store, batcher: Batcher, poll_s: float) -> None:
+class ServingLedger:
+    """Engine seconds and tokens of serving, flushed to the store's ledger every poll tick
+    (one row per tick, not per batch: the ledger is priced per phase, not per request)."""
+
+    def __init__(self, store, usd_per_hour: float, active_params: int) -> None:
+        import threading
+
+        self.store, self.price, self.params = store, usd_per_hour, active_params
+        self.lock = threading.Lock()
+        self.seconds = 0.0
+        self.prompt = self.served = 0
+
+    def add(self, seconds: float, prompt_tokens: int, generated_tokens: int) -> None:
+        with self.lock:
+            self.seconds += seconds
+            self.prompt += prompt_tokens
+            self.served += generated_tokens
+
+    def flush(self) -> None:
+        with self.lock:
+            sec, prompt, served = self.seconds, self.prompt, self.served
+            self.seconds, self.prompt, self.served = 0.0, 0, 0
+        if served or prompt:
+            self.store.add_ledger("serving", sec, dollars=sec * self.price / 3600,
+                                  flops=2 * self.params * (prompt + served),
+                                  prompt_tokens=prompt, served_tokens=served)
+
+
+def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> None:
     """Serve whatever the store says is promoted: poll it, load the weights, swap between
     batches. The store is the single source of truth, so a promotion by `gymloop run` or a
     `gymloop rollback` in another process reaches this server without a restart."""
@@ -47,6 +82,8 @@ def follow_promotions(store, batcher: Batcher, poll_s: float) -> None:
         while not batcher.stopped:
             time.sleep(poll_s)
             try:
+                if on_tick is not None:
+                    on_tick()
                 check()
             except Exception as exc:  # noqa: BLE001 - keep serving the current version, say why
                 print(f"gymloop serve: could not load the promoted version: {exc}", flush=True)

@@ -29,8 +29,10 @@ class Request:
 
 
 class Batcher:
-    def __init__(self, engine: Engine, max_batch: int = 64, max_wait_s: float = 0.005) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 64, max_wait_s: float = 0.005,
+                 on_batch: Callable[[float, int, int], None] | None = None) -> None:
         self.engine = engine
+        self.on_batch = on_batch      # (seconds, prompt_tokens, generated_tokens) per engine batch
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self._queue: "queue.Queue[Request]" = queue.Queue()
         self._swap: tuple[dict[str, torch.Tensor], int, Future] | None = None
@@ -119,6 +121,8 @@ class Batcher:
             return
         self.batches += 1
         self.batched_requests += len(reqs)
+        if self.on_batch is not None:
+            self.on_batch(out.seconds, out.prompt_tokens, out.generated_tokens)
         for r, g in zip(reqs, out.generations):
             r.version = out.version
             r.future.set_result(g)

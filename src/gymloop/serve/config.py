@@ -22,6 +22,7 @@ class ServeConfig(BaseModel):
     max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
     poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
+    cost_profile: str = Field("cpu-2vcpu", description="Hardware profile serving is priced on (profiles.yaml).")
 
     def served_name(self) -> str:
         if self.model_name:

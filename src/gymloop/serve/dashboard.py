@@ -24,6 +24,7 @@ table { border-collapse: collapse; } td, th { border: 1px solid #dde2ea; padding
   <div class="card">served tokens<b id="tokens">-</b></div>
   <div class="card">feedback / failures<b id="failures">-</b></div>
   <div class="card">post-training spend<b id="spend">-</b></div>
+  <div class="card">$ per 1M served tokens<b id="cpt">-</b></div>
 </div>
 <figure class="chart" id="scores-chart" data-chart="target score per round"><figcaption>Target score per round
  (dots: promoted)</figcaption><svg width="900" height="200" viewBox="0 0 900 200"></svg></figure>
@@ -65,6 +66,8 @@ async function refresh() {
   document.getElementById("tokens").textContent = d.stats.served_tokens;
   document.getElementById("failures").textContent = d.stats.feedback + " / " + d.stats.failures;
   document.getElementById("spend").textContent = "$" + d.post_training_dollars.toFixed(4);
+  const cpt = d.stats.cost_per_1m_served_tokens;
+  document.getElementById("cpt").textContent = cpt === null ? "n/a" : "$" + cpt.toPrecision(3);
   drawScores(d.rounds); drawTraffic(d.requests);
   const body = document.querySelector("#versions tbody"); body.innerHTML = "";
   for (const v of d.versions) { const tr = document.createElement("tr");
