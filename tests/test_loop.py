@@ -111,3 +111,59 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
     rows = store.tasks()
     assert {r["id"] for r in rows} == {t.id for t in failed} and {r["source"] for r in rows} == {"production"}
     assert store.tasks(source="production")[0]["prompt"][0]["role"] == "user"
+
+
+def _loop_cfg(tmp_path, tiny_model_dir, **kw):
+    return LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "drift", "rounds": 1, "env": {"name": "arith"}, "eval_tasks": 10, "eval_max_new_tokens": 3,
+        "sampling": {"max_new_tokens": 3}, "curriculum": {"production_share": 0.25},
+        "drift": {"window": 20, "failure_rise": 0.3, "production_share": 0.75},
+        "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}, **kw})
+
+
+def _feedback(store, task_id, reward):
+    tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                          completion_tokens=1, latency_s=0.1)
+    store.add_feedback(tid, reward=reward, env="arith", task_id=task_id)
+
+
+def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp_path, tiny_model_dir):
+    from gymloop.envs import make_env
+
+    store = Store(tmp_path / "loop.db")
+    tasks = make_env("arith").sample_tasks(20, "train", 3)
+    for t in tasks:
+        _feedback(store, t.id, 1.0)           # the earlier window: all good
+    for t in tasks:
+        _feedback(store, t.id, 0.0)           # the latest window: all failing
+    rounds = run_loop(_loop_cfg(tmp_path, tiny_model_dir), echo=lambda m: None)
+    drift = rounds[0]["metrics"]["drift"]
+    assert [(e["env"], e["kind"], e["before"], e["after"]) for e in drift] == [("arith", "production", 0.0, 1.0)]
+    assert store.drift_events()[0]["round"] == 1
+    assert rounds[0]["metrics"]["curriculum"]["production_per_step"] == 3      # 0.75 of 4, not 0.25
+
+
+def test_a_suite_that_dropped_since_promotion_is_a_drift_event(tmp_path, tiny_model_dir):
+    store = Store(tmp_path / "loop.db")
+    store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.95})
+    rounds = run_loop(_loop_cfg(tmp_path, tiny_model_dir), echo=lambda m: None)
+    events = rounds[0]["metrics"]["drift"]
+    assert len(events) == 1 and events[0]["kind"] == "eval" and events[0]["before"] == 0.95
+    assert events[0]["after"] == rounds[0]["metrics"]["before"]["arith"]
+
+
+def test_store_migrates_an_older_database_without_losing_rows(tmp_path, monkeypatch):
+    import gymloop.store as store_mod
+
+    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
+    old = store_mod.Store(tmp_path / "old.db")
+    tid = old.add_trace(model="m", model_version=0, request={"a": 1}, response={}, prompt_tokens=1,
+                        completion_tokens=1, latency_s=0.0)
+    assert old.schema_version == 1
+    monkeypatch.undo()
+    new = Store(tmp_path / "old.db")
+    assert new.schema_version == len(store_mod.MIGRATIONS) >= 2
+    assert new.get_trace(tid)["request"] == {"a": 1}
+    new.add_drift_event(env="arith", kind="eval", before=0.9, after=0.1)
+    assert len(new.drift_events()) == 1

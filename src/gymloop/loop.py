@@ -41,6 +41,18 @@ class CurriculumConfig(_Strict):
                                     "production failures (feedback with reward < 1 and a task reference).")
 
 
+class DriftConfig(_Strict):
+    """When the world has changed under the served model, and how the loop reacts."""
+
+    eval_drop: float = Field(0.1, gt=0, le=1, description="A suite whose score for the promoted model fell by "
+                             "more than this since its promotion is a drift event.")
+    failure_rise: float = Field(0.2, gt=0, le=1, description="Production failure rate (last window vs the one "
+                                "before) rising by more than this is a drift event.")
+    window: int = Field(50, ge=5, description="Feedback rows per window.")
+    production_share: float = Field(0.8, ge=0, le=1, description="Curriculum share of production failures "
+                                    "in a round that follows a drift event.")
+
+
 class LoopConfig(_Strict):
     """`gymloop run CONFIG.yaml`."""
 
@@ -57,6 +69,7 @@ class LoopConfig(_Strict):
     eval_max_new_tokens: int = Field(8, ge=1, description="Most tokens per turn in evaluation.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Curriculum.")
+    drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
     seed: int = Field(0, description="Seed; round r uses seed * 1000 + r.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
 
@@ -84,7 +97,24 @@ def gate(before: dict[str, float], after: dict[str, float], target: str, g: Gate
     return True, f"{target} rose by {gain:+.3f}"
 
 
-def curriculum(cfg: LoopConfig, store: Store, r: int) -> tuple[Callable[[int], list[Task]], dict]:
+def detect_drift(cfg: LoopConfig, store: Store, r: int, promoted_scores: dict[str, float],
+                 now: dict[str, float]) -> list[dict]:
+    """Drift events of round r: a suite the promoted model now scores lower on than when it was
+    promoted, or a production failure rate that jumped. Each is recorded in the store."""
+    events = []
+    for env, then in promoted_scores.items():
+        if env in now and then - now[env] > cfg.drift.eval_drop:
+            events.append({"env": env, "kind": "eval", "before": then, "after": now[env]})
+    for env, (recent, prior, n) in store.failure_rates(cfg.drift.window).items():
+        if n >= cfg.drift.window // 2 and recent - prior > cfg.drift.failure_rise:
+            events.append({"env": env, "kind": "production", "before": prior, "after": recent})
+    for e in events:
+        store.add_drift_event(run_id=cfg.name, round=r, **e)
+    return events
+
+
+def curriculum(cfg: LoopConfig, store: Store, r: int,
+               production_share: float | None = None) -> tuple[Callable[[int], list[Task]], dict]:
     """task_source(step) for round r: production failures of the target environment (rebuilt
     from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
     env = make_env(cfg.env.name, **cfg.env.options)
@@ -100,7 +130,8 @@ def curriculum(cfg: LoopConfig, store: Store, r: int) -> tuple[Callable[[int], l
         store.add_task(t)
         failures.append(t)
     n = cfg.grpo.prompts_per_step
-    n_prod = min(len(failures), round(n * cfg.curriculum.production_share))
+    share = cfg.curriculum.production_share if production_share is None else production_share
+    n_prod = min(len(failures), round(n * share))
     stats = {"production_failures": len(failures), "production_per_step": n_prod}
 
     def source(step: int) -> list[Task]:
@@ -127,14 +158,19 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             vid = store.add_model_version(base, parent=None, status="promoted", scores=scores)
             current = store.model_version(vid)
         start_dir = current["path"]
-        before = current["scores"] if set(suites) <= set(current["scores"]) else suite_scores(start_dir, suites, cfg)
+        # Re-measured every round: an environment that changed shows up as a drop here.
+        before = suite_scores(start_dir, suites, cfg)
+        drift = detect_drift(cfg, store, r, current["scores"], before)
+        if drift:
+            echo(f"round {r}: drift " + ", ".join(f"{e['env']} ({e['kind']}: {e['before']:.2f} -> {e['after']:.2f})"
+                                                  for e in drift))
         has_state = (Path(start_dir) / "trainer_state.pt").exists()
         tcfg = TrainConfig(
             model=start_dir, env=cfg.env, sampling=cfg.sampling, grpo=cfg.grpo,
             eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.eval_max_new_tokens),
             seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(Path(cfg.run_dir) / cfg.name),
             name=f"round-{r:04d}", init_trainer_state=start_dir if has_state else None)
-        source, cur_stats = curriculum(cfg, store, r)
+        source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
         summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
         candidate = str(Path(summary["run_dir"]) / "checkpoint")
         after = suite_scores(candidate, suites, cfg)
@@ -143,6 +179,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
             started=started, metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats,
+                                      "drift": drift,
                                       "economics": {k: summary["economics"].get(k) for k in
                                                     ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))

@@ -55,6 +55,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX traces_created ON traces(created);
     CREATE INDEX feedback_trace ON feedback(trace_id);
     """,
+    """
+    CREATE TABLE drift_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, created REAL NOT NULL, run_id TEXT, round INTEGER,
+        env TEXT NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('eval', 'production')),
+        before REAL NOT NULL, after REAL NOT NULL, detail TEXT NOT NULL DEFAULT '');
+    """,
 ]
 
 
@@ -188,6 +194,32 @@ class Store:
     def feedback_for(self, trace_id: str) -> list[dict]:
         rows = self._conn().execute("SELECT * FROM feedback WHERE trace_id = ? ORDER BY id", (trace_id,)).fetchall()
         return [dict(r) for r in rows]
+
+    def add_drift_event(self, *, env: str, kind: str, before: float, after: float, detail: str = "",
+                        run_id: str | None = None, round: int | None = None) -> int:
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO drift_events (created, run_id, round, env, kind, before, after, detail) "
+                            "VALUES (?,?,?,?,?,?,?,?)", (time.time(), run_id, round, env, kind, before, after, detail))
+            return int(cur.lastrowid)
+
+    def drift_events(self) -> list[dict]:
+        return [dict(r) for r in self._conn().execute("SELECT * FROM drift_events ORDER BY id")]
+
+    def failure_rates(self, window: int = 50) -> dict[str, tuple[float, float, int]]:
+        """Per environment (name@version): (failure rate of the last `window` rewarded feedback
+        rows, of the `window` before them, rows in the last window)."""
+        rows = self._conn().execute(
+            "SELECT env, env_version, reward FROM feedback WHERE reward IS NOT NULL AND env IS NOT NULL "
+            "ORDER BY id DESC").fetchall()
+        by_env: dict[str, list[float]] = {}
+        for r in rows:
+            key = r["env"] if r["env_version"] is None or "@v" in r["env"] else f"{r['env']}@v{r['env_version']}"
+            by_env.setdefault(key, []).append(float(r["reward"] < 1))
+        out = {}
+        for env, fails in by_env.items():
+            recent, prior = fails[:window], fails[window:2 * window]
+            out[env] = (sum(recent) / len(recent), sum(prior) / len(prior) if prior else 0.0, len(recent))
+        return out
 
     def production_failures(self, limit: int = 1000) -> list[dict]:
         """Distinct tasks that production feedback marked as failed (reward < 1), newest first."""
