@@ -107,9 +107,12 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
         "sampling": {"max_new_tokens": 3}, "curriculum": {"production_share": 0.5},
         "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}})
     rounds = run_loop(cfg, echo=lambda m: None)
-    assert rounds[0]["metrics"]["curriculum"] == {"production_failures": 3, "production_per_step": 2}
+    assert rounds[0]["metrics"]["curriculum"] == {"production_failures": 3, "production_per_step": 2,
+                                                  "replay_per_step": 0}
     rows = store.tasks()
-    assert {r["id"] for r in rows} == {t.id for t in failed} and {r["source"] for r in rows} == {"production"}
+    # failures, and the one success (kept for replay), are stored as production tasks
+    assert {r["id"] for r in rows} == {t.id for t in failed} | {"arith:1+1"}
+    assert {r["source"] for r in rows} == {"production"}
     assert store.tasks(source="production")[0]["prompt"][0]["role"] == "user"
 
 
@@ -167,3 +170,16 @@ def test_store_migrates_an_older_database_without_losing_rows(tmp_path, monkeypa
     assert new.get_trace(tid)["request"] == {"a": 1}
     new.add_drift_event(env="arith", kind="eval", before=0.9, after=0.1)
     assert len(new.drift_events()) == 1
+
+
+def test_past_successes_are_replayed(tmp_path, tiny_model_dir):
+    from gymloop.envs import make_env
+
+    store = Store(tmp_path / "loop.db")
+    good = make_env("arith").sample_tasks(5, "train", 4)
+    for t in good:
+        _feedback(store, t.id, 1.0)
+    cfg = _loop_cfg(tmp_path, tiny_model_dir, curriculum={"production_share": 0.25, "replay_share": 0.5})
+    rounds = run_loop(cfg, echo=lambda m: None)
+    assert rounds[0]["metrics"]["curriculum"]["replay_per_step"] == 2
+    assert {t["id"] for t in store.tasks(source="production")} == {t.id for t in good}

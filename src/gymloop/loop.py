@@ -39,6 +39,8 @@ class CurriculumConfig(_Strict):
 
     production_share: float = Field(0.5, ge=0, le=1, description="Share of each step's tasks drawn from "
                                     "production failures (feedback with reward < 1 and a task reference).")
+    replay_share: float = Field(0.1, ge=0, le=1, description="Share drawn from past production successes, "
+                                "so skills already learned are kept; the rest are fresh tasks.")
 
 
 class DriftConfig(_Strict):
@@ -118,27 +120,37 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
     """task_source(step) for round r: production failures of the target environment (rebuilt
     from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
     env = make_env(cfg.env.name, **cfg.env.options)
-    failures = []
-    for f in store.production_failures():
-        if f["env"] != env.name and f["env"] != cfg.env.name:
-            continue
-        try:
-            t = env.task_from_id(f["task_id"])
-        except ValueError:
-            continue          # a reference this environment cannot rebuild: skip, never crash
-        t = Task(**{**t.__dict__, "source": "production", "split": "train"})
-        store.add_task(t)
-        failures.append(t)
+
+    def rebuild(rows: list[dict]) -> list[Task]:
+        out = []
+        for f in rows:
+            if f["env"] not in (env.name, cfg.env.name):
+                continue
+            try:
+                t = env.task_from_id(f["task_id"])
+            except ValueError:
+                continue      # a reference this environment cannot rebuild: skip, never crash
+            t = Task(**{**t.__dict__, "source": "production", "split": "train"})
+            store.add_task(t)
+            out.append(t)
+        return out
+
+    failures = rebuild(store.production_failures())
+    successes = rebuild(store.production_successes())
     n = cfg.grpo.prompts_per_step
     share = cfg.curriculum.production_share if production_share is None else production_share
     n_prod = min(len(failures), round(n * share))
-    stats = {"production_failures": len(failures), "production_per_step": n_prod}
+    n_replay = min(len(successes), round(n * cfg.curriculum.replay_share), n - n_prod)
+    stats = {"production_failures": len(failures), "production_per_step": n_prod,
+             "replay_per_step": n_replay}
+
+    def cycle(pool: list[Task], k: int, step: int) -> list[Task]:
+        start = (r * 1_000 + step) * k
+        return [pool[(start + i) % len(pool)] for i in range(k)] if k else []
 
     def source(step: int) -> list[Task]:
-        k = (r * 1_000 + step) * n_prod
-        prod = [failures[(k + i) % len(failures)] for i in range(n_prod)] if n_prod else []
-        fresh = env.sample_tasks(n - n_prod, "train", seed=(cfg.seed * 1000 + r) * 1_000_003 + step)
-        return prod + fresh
+        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=(cfg.seed * 1000 + r) * 1_000_003 + step)
+        return cycle(failures, n_prod, step) + cycle(successes, n_replay, step) + fresh
 
     return source, stats
 

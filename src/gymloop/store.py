@@ -223,9 +223,16 @@ class Store:
 
     def production_failures(self, limit: int = 1000) -> list[dict]:
         """Distinct tasks that production feedback marked as failed (reward < 1), newest first."""
+        return self._feedback_tasks("reward < 1", limit)
+
+    def production_successes(self, limit: int = 1000) -> list[dict]:
+        """Distinct tasks production got right (reward 1): replayed so old skills are kept."""
+        return self._feedback_tasks("reward >= 1", limit)
+
+    def _feedback_tasks(self, condition: str, limit: int) -> list[dict]:
         rows = self._conn().execute(
             "SELECT env, env_version, task_id, MAX(created) AS last FROM feedback "
-            "WHERE task_id IS NOT NULL AND env IS NOT NULL AND reward < 1 "
+            f"WHERE task_id IS NOT NULL AND env IS NOT NULL AND {condition} "
             "GROUP BY env, env_version, task_id ORDER BY last DESC LIMIT ?", (limit,)).fetchall()
         return [dict(r) for r in rows]
 
