@@ -45,3 +45,44 @@ def tiny_model_dir(tmp_path_factory, tok):
     path = tmp_path_factory.mktemp("models") / "tiny"
     save_model(tiny_llama(tok.vocab_size, seed=1), tok, path)
     return path
+
+
+def free_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class running_server:
+    """Serve a FastAPI app with uvicorn in a thread; yields its base URL once /healthz answers."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def __enter__(self) -> str:
+        import threading
+        import time
+
+        import httpx
+        import uvicorn
+
+        port = free_port()
+        self.srv = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.srv.run, daemon=True)
+        self.thread.start()
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                httpx.get(base + "/healthz", timeout=1)
+                return base
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.srv.should_exit = True
+        self.thread.join(5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import threading
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -75,12 +74,12 @@ def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
 
 
 def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
-    import uvicorn
     from openai import OpenAI
 
     from gymloop.serve import ServeConfig, build
 
-    from test_serve import KEY, free_port
+    from conftest import running_server
+    from test_serve import KEY
 
     cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(tmp_path / "d.db"), api_keys=[KEY])
     app, batcher, store = build(cfg)
@@ -90,17 +89,8 @@ def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
         store.commit_round("demo", r, path=str(tiny_model_dir), parent=base_v, status=status,
                            scores={"arith": score}, started=time.time(),
                            metrics={"after": {"arith": score}, "economics": {"post_training_dollars": 0.001}})
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(base + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    ctx = running_server(app)
+    base = ctx.__enter__()
     try:
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         for i in range(3):
@@ -113,6 +103,5 @@ def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
         assert charts.marks.get("target score per round", 0) >= 3      # the line and a dot per promotion
         assert charts.marks.get("requests by status", 0) >= 2           # a bar for 200 and for 401
     finally:
-        srv.should_exit = True
-        t.join(5)
+        ctx.__exit__(None, None, None)
         batcher.close()

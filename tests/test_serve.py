@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import socket
 import threading
 import time
 
@@ -11,39 +10,19 @@ import pytest
 
 from gymloop.serve import ServeConfig, build
 
+from conftest import free_port, running_server
+
 KEY = "sk-test-123"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir):
-    import uvicorn
-
     db = tmp_path_factory.mktemp("serve") / "store.db"
     cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(db), api_keys=[KEY],
                       max_request_bytes=64 * 1024, max_tokens_limit=64)
     app, batcher, store = build(cfg)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(base + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield {"base": base, "store": store, "batcher": batcher, "cfg": cfg}
-    srv.should_exit = True
-    t.join(5)
+    with running_server(app) as base:
+        yield {"base": base, "store": store, "batcher": batcher, "cfg": cfg}
     batcher.close()
 
 
@@ -226,7 +205,6 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
     """The store decides what is served: promoted versions are picked up without a restart,
     a candidate that was rejected is never served, and rollback returns to an earlier one."""
     import torch
-    import uvicorn
     from openai import OpenAI
 
     from conftest import tiny_llama
@@ -239,17 +217,8 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
     db = tmp_path / "promo.db"
     cfg = ServeConfig(model=str(dirs[11]), model_name="tiny", db=str(db), api_keys=[KEY], poll_s=0.1)
     app, batcher, store = build(cfg)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(base + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    ctx = running_server(app)
+    base = ctx.__enter__()
     client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
 
     def served_version():
@@ -287,8 +256,7 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         assert main(["rollback", "2", "--db", str(db)]) == 2                                # never promoted
         assert "never promoted" in capsys.readouterr().err
     finally:
-        srv.should_exit = True
-        t.join(5)
+        ctx.__exit__(None, None, None)
         batcher.close()
 
 
