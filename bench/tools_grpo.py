@@ -24,11 +24,11 @@ from gymloop.train import train
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=350)
     ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--max-staleness", type=int, default=1)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=0.7)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = TrainConfig(

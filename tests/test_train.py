@@ -209,6 +209,8 @@ def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, 
     assert sum(r["reward"] for r in train_recs[-5:]) / 5 >= 0.8
     assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]
     assert s["steps"] == 40
+    # generation overlapped training: its tokens are priced on the collector's own seconds
+    assert s["economics"]["cost_per_1m_generated_tokens"] > 0
 
 
 def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):

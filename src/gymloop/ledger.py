@@ -84,8 +84,13 @@ class Ledger:
     def dollars(self, seconds: float) -> float:
         return seconds * self.profile.usd_per_hour / 3600
 
-    def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...]) -> dict:
-        """Costs by phase, cost per 1M generated tokens, intelligence per dollar, projections."""
+    def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...],
+                generation_seconds: float | None = None) -> dict:
+        """Costs by phase, cost per 1M generated tokens, intelligence per dollar, projections.
+
+        `generation_seconds`: when generation overlapped training (asynchronous RL), the
+        collector's own seconds price its tokens; the phase itself only holds the wait.
+        """
         phases = {p: {**asdict(e), "dollars": self.dollars(e.seconds)} for p, e in self.entries.items()}
         total_s = sum(e.seconds for e in self.entries.values())
         gen = self.entries.get("generation", Entry("generation"))
@@ -97,8 +102,9 @@ class Ledger:
             "profile": self.profile_name, "usd_per_hour": self.profile.usd_per_hour,
             "assumption": self.profile.assumption,
             "phases": phases, "seconds": total_s, "dollars": self.dollars(total_s),
-            "cost_per_1m_generated_tokens": (self.dollars(gen.seconds) / gen.generated_tokens * 1e6
-                                             if gen.generated_tokens else None),
+            "cost_per_1m_generated_tokens": (
+                self.dollars(gen.seconds if generation_seconds is None else generation_seconds)
+                / gen.generated_tokens * 1e6 if gen.generated_tokens else None),
             "post_training_dollars": post_usd,
             "points_gained": gained,
             "intelligence_per_dollar": gained / post_usd if post_usd > 0 else None,

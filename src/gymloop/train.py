@@ -155,7 +155,8 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     for phase, sec in phases.seconds.items():
         ledger.add(phase, sec)
     wall = time.perf_counter() - t_start
-    economics = ledger.summary(base.pass1, last.pass1, post_training_phases=learn)
+    economics = ledger.summary(base.pass1, last.pass1, post_training_phases=learn,
+                               generation_seconds=overlapped["generation"] if g.max_staleness else None)
     economics["wall_seconds"] = wall
     economics["projections"] = ledger.project(
         {k: v for k, v in profiles.items() if k != cfg.cost.profile}, cfg.cost.utilisation)

@@ -1,0 +1,65 @@
+"""Asynchronous vs synchronous GRPO on the demo workload (nano, 2-digit addition).
+
+    python bench/async_bench.py [--steps 300] [--budget 30]
+
+1. Equal rollout budget: the same number of steps (same rollouts) in each mode; wall seconds
+   of learning per step and rounds (steps) per hour.
+2. Equal wall time: train each mode for `--budget` seconds of learning; held-out pass@1 then.
+Goal (issue #7): async >= 1.3x the rounds per hour of sync with no loss of final score.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+import common
+import torch
+
+from gymloop.config import EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
+from gymloop.train import train
+
+
+def run(steps: int, staleness: int, every: int = 0) -> dict:
+    cfg = TrainConfig(model="nano", name="async-bench", run_dir=tempfile.mkdtemp(),
+                      sampling=SamplingConfig(max_new_tokens=6),
+                      grpo=GRPOConfig(steps=steps, prompts_per_step=16, group_size=8, lr=2e-4, warmup_steps=20,
+                                      betas=(0.9, 0.999), max_staleness=staleness),
+                      eval=EvalConfig(tasks=300, every=every, max_new_tokens=6))
+    return train(cfg, progress=False, echo=lambda m: None)
+
+
+def score_at(curve: list[dict], seconds: float) -> float:
+    """Held-out pass@1 of the last evaluation within `seconds` of learning."""
+    seen = [c for c in curve if c["train_seconds"] <= seconds]
+    return seen[-1]["pass1"] if seen else curve[0]["pass1"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--budget", type=float, default=25.0, help="seconds of learning for the equal-time comparison")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = [["mode", "steps", "learning s", "s/step", "steps/hour", f"pass@1 after {args.budget:.0f} s",
+             "final pass@1"]]
+    out = {}
+    for name, staleness in (("sync", 0), ("async (staleness 1)", 1)):
+        s = run(args.steps, staleness, every=25)
+        learn = s["pass1_curve"][-1]["train_seconds"]
+        rows.append([name, s["steps"], f"{learn:.1f}", f"{learn / s['steps']:.3f}",
+                     f"{3600 * s['steps'] / learn:,.0f}", f"{score_at(s['pass1_curve'], args.budget):.3f}",
+                     f"{s['final']['pass1']:.3f}"])
+        out[name] = {"learn_seconds": learn, "steps": s["steps"], "curve": s["pass1_curve"],
+                     "final": s["final"]["pass1"], "dropped_stale": s.get("dropped_stale_rollouts", 0)}
+    sync, asyn = out["sync"], out["async (staleness 1)"]
+    ratio = (asyn["steps"] / asyn["learn_seconds"]) / (sync["steps"] / sync["learn_seconds"])
+    print(f"GRPO, nano, 2-digit addition, 16 prompts x 8, equal rollout budget of {args.steps} steps")
+    print(common.table(rows))
+    print(f"async / sync steps per hour: {ratio:.2f}x (goal >= 1.3x); "
+          f"final pass@1 {asyn['final']:.3f} vs {sync['final']:.3f}")
+    common.save("async", out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
