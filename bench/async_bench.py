@@ -1,6 +1,7 @@
-"""Asynchronous vs synchronous GRPO on the demo workload (nano, 2-digit addition).
+"""Asynchronous vs synchronous GRPO on the demo workload (nano, 2-digit addition, the demo's
+GRPO settings: 32 prompts x 8 samples per step).
 
-    python bench/async_bench.py [--steps 300] [--budget 30]
+    python bench/async_bench.py [--steps 300] [--budget 40]
 
 1. Equal rollout budget: the same number of steps (same rollouts) in each mode; wall seconds
    of learning per step and rounds (steps) per hour.
@@ -16,16 +17,17 @@ import tempfile
 import common
 import torch
 
-from gymloop.config import EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
+from gymloop.config import EvalConfig
+from gymloop.recipes import demo_config
 from gymloop.train import train
 
 
 def run(steps: int, staleness: int, every: int = 0) -> dict:
-    cfg = TrainConfig(model="nano", name="async-bench", run_dir=tempfile.mkdtemp(),
-                      sampling=SamplingConfig(max_new_tokens=6),
-                      grpo=GRPOConfig(steps=steps, prompts_per_step=16, group_size=8, lr=2e-4, warmup_steps=20,
-                                      betas=(0.9, 0.999), max_staleness=staleness),
-                      eval=EvalConfig(tasks=300, every=every, max_new_tokens=6))
+    cfg = demo_config(run_dir=tempfile.mkdtemp())
+    cfg = cfg.model_copy(update={
+        "name": "async-bench",
+        "grpo": cfg.grpo.model_copy(update={"steps": steps, "max_staleness": staleness}),
+        "eval": EvalConfig(tasks=300, every=every, max_new_tokens=6)})
     return train(cfg, progress=False, echo=lambda m: None)
 
 
@@ -38,7 +40,7 @@ def score_at(curve: list[dict], seconds: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--budget", type=float, default=25.0, help="seconds of learning for the equal-time comparison")
+    ap.add_argument("--budget", type=float, default=40.0, help="seconds of learning for the equal-time comparison")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = [["mode", "steps", "learning s", "s/step", "steps/hour", f"pass@1 after {args.budget:.0f} s",
@@ -54,7 +56,7 @@ def main() -> None:
                      "final": s["final"]["pass1"], "dropped_stale": s.get("dropped_stale_rollouts", 0)}
     sync, asyn = out["sync"], out["async (staleness 1)"]
     ratio = (asyn["steps"] / asyn["learn_seconds"]) / (sync["steps"] / sync["learn_seconds"])
-    print(f"GRPO, nano, 2-digit addition, 16 prompts x 8, equal rollout budget of {args.steps} steps")
+    print(f"GRPO, nano, 2-digit addition, 32 prompts x 8, equal rollout budget of {args.steps} steps")
     print(common.table(rows))
     print(f"async / sync steps per hour: {ratio:.2f}x (goal >= 1.3x); "
           f"final pass@1 {asyn['final']:.3f} vs {sync['final']:.3f}")

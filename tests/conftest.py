@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gymloop.chat import ChatTokenizer, build_char_tokenizer
+from gymloop.serve.background import ServerThread, free_port  # noqa: F401  (tests import free_port from here)
 
 torch.set_num_threads(1)
 
@@ -47,42 +48,6 @@ def tiny_model_dir(tmp_path_factory, tok):
     return path
 
 
-def free_port() -> int:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class running_server:
-    """Serve a FastAPI app with uvicorn in a thread; yields its base URL once /healthz answers."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    def __enter__(self) -> str:
-        import threading
-        import time
-
-        import httpx
-        import uvicorn
-
-        port = free_port()
-        self.srv = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.srv.run, daemon=True)
-        self.thread.start()
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                httpx.get(base + "/healthz", timeout=1)
-                return base
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.srv.should_exit = True
-        self.thread.join(5)
+def running_server(app) -> ServerThread:
+    """Serve a FastAPI app in a thread; `with running_server(app) as base_url:`."""
+    return ServerThread(app)

@@ -73,6 +73,30 @@ def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
     assert len(charts.charts) == 4 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
 
 
+def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
+    from test_train import DigitEnv
+
+    from gymloop.envs import REGISTRY
+    from gymloop.loop import LoopConfig, run_loop
+    from gymloop.store import Store
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "seen", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "sampling": {"max_new_tokens": 1}, "grpo": {"steps": 10, "prompts_per_step": 8, "group_size": 8,
+                                                    "lr": 3e-2, "warmup_steps": 0}})
+    store = Store(cfg.store)
+    store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
+    for i in range(6):       # production traffic with verdicts, so the success chart has points
+        tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                              completion_tokens=1, latency_s=0.1)
+        store.add_feedback(tid, reward=float(i % 2), env="digit", task_id=f"d{i}")
+    run_loop(cfg, echo=lambda m: None)
+    charts = check_page((tmp_path / "runs" / "seen" / "report.html").as_uri(), tmp_path, "loop-report")
+    assert len(charts.charts) == 4 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
+
+
 def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
     from openai import OpenAI
 

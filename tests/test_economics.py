@@ -109,3 +109,120 @@ def test_shipped_profiles_load():
     p = load_profiles()
     assert {"cpu-2vcpu", "h100", "h200", "b200", "gb200"} <= set(p)
     assert all(x.assumption and "2026" in x.assumption for x in p.values())
+
+
+def test_cost_to_maintain_sums_rounds_until_the_score_is_back():
+    from gymloop.ledger import cost_to_maintain
+
+    rounds = [{"round": r, "dollars": 0.01 * r, "served": {"tools@v2": s}, "production": {"tools@v2": p}}
+              for r, s, p in [(1, 0.8, 0.9), (2, 0.3, 0.2), (3, 0.5, 0.6), (4, 0.79, 0.85)]]
+    events = [{"round": 2, "env": "tools@v2", "kind": "eval", "before": 0.8, "after": 0.3},
+              {"round": 2, "env": "tools@v2", "kind": "production", "before": 0.1, "after": 0.8},
+              {"round": 4, "env": "tools@v2", "kind": "eval", "before": 0.95, "after": 0.79}]
+    eval_drift, prod_drift, unrecovered = cost_to_maintain(rounds, events, epsilon=0.02)
+    # back within epsilon (0.79 >= 0.8 - 0.02) in round 4: rounds 2..4 paid for it
+    assert eval_drift["recovered_round"] == 4
+    assert eval_drift["dollars"] == pytest.approx(sum(r["dollars"] for r in rounds[1:]))
+    # production: pre-drift success 1 - 0.1 = 0.9; 0.85 is not within 0.02 of it
+    assert prod_drift["pre_drift"] == pytest.approx(0.9) and prod_drift["recovered_round"] is None
+    assert prod_drift["status"] == "not yet"
+    assert unrecovered["dollars"] == pytest.approx(rounds[3]["dollars"]) and unrecovered["status"] == "not yet"
+
+
+@pytest.fixture(scope="module")
+def drift_loop(tmp_path_factory, tiny_model_dir):
+    """A two-round loop on the learnable digit task whose served model had scored 0.9 before the
+    world changed: round 1 sees the drop (a drift event), trains, and is promoted."""
+    from test_train import DigitEnv
+
+    from gymloop.envs import REGISTRY
+    from gymloop.loop import LoopConfig, run_loop
+    from gymloop.store import Store
+
+    root = tmp_path_factory.mktemp("loop")
+    REGISTRY["digit"] = lambda **kw: DigitEnv()
+    try:
+        cfg = LoopConfig.model_validate({
+            "model": str(tiny_model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),
+            "name": "drifty", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+            "sampling": {"max_new_tokens": 1}, "gate": {"delta": 0.2, "epsilon": 0.05},
+            "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0}})
+        store = Store(cfg.store)
+        store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
+        rounds = run_loop(cfg, echo=lambda m: None)
+    finally:
+        del REGISTRY["digit"]
+    return cfg, store, rounds, json.loads((Path(cfg.run_dir) / "drifty" / "summary.json").read_text())
+
+
+def test_loop_rounds_are_in_the_ledger_and_add_up(drift_loop):
+    cfg, store, rounds, summary = drift_loop
+    costs = store.round_costs("drifty")
+    assert sorted(costs) == [1, 2]
+    price = load_profiles()[cfg.cost.profile].usd_per_hour
+    for r, row in zip(rounds, summary["rounds"]):
+        phases = costs[r["round"]]
+        assert {"generation", "training", "gate_evaluation"} <= set(phases)
+        seconds = sum(p["seconds"] for p in phases.values())
+        assert seconds == pytest.approx(r["finished"] - r["started"], rel=0.05)
+        assert row["dollars"] == pytest.approx(seconds * price / 3600)
+    assert summary["post_training_dollars"] == pytest.approx(sum(r["dollars"] for r in summary["rounds"]))
+
+
+def test_drift_recovery_is_costed_from_the_store(drift_loop):
+    cfg, store, rounds, summary = drift_loop
+    assert rounds[0]["status"] == "promoted" and rounds[0]["metrics"]["after"]["digit"] >= 0.9 - cfg.gate.epsilon
+    [event] = store.drift_events()
+    assert (event["round"], event["kind"], event["before"]) == (1, "eval", 0.9)
+    [maintain] = summary["cost_to_maintain"]
+    assert maintain["recovered_round"] == 1 and maintain["status"] == "recovered in round 1"
+    assert maintain["dollars"] == pytest.approx(summary["rounds"][0]["dollars"])
+    first = summary["rounds"][0]
+    gained = 100 * (first["after"]["digit"] - first["before"]["digit"])
+    assert first["promotion_points_per_dollar"] == pytest.approx(gained / first["dollars"])
+    assert summary["intelligence_per_dollar"] == pytest.approx(summary["points_gained"] / summary["post_training_dollars"])
+
+
+def test_loop_report_draws_every_chart(drift_loop):
+    from gymloop.cli import main
+
+    cfg, *_ = drift_loop
+    loop_dir = Path(cfg.run_dir) / "drifty"
+    assert main(["report", str(loop_dir)]) == 0
+    page = (loop_dir / "report.html").read_text()
+    dom = _Dom()
+    dom.feed(page)
+    # the production chart has no data in this loop (no traffic); the others are drawn
+    assert len(dom.figures) == 4 and set(dom.figures) - set(dom.marks) == {"Production success rate per round"}
+    assert "recovered in round 1" in page and "drift digit" in page
+
+
+def test_demo_serves_production_traffic_and_prints_what_summary_json_says(tmp_path, tiny_model_dir):
+    from gymloop.cli import before_after_table
+    from gymloop.demo import run_demo
+    from gymloop.store import Store
+
+    cfg = TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path), "sampling": {"max_new_tokens": 4},
+        "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False},
+        "eval": {"tasks": 10, "every": 0, "max_new_tokens": 4}})
+    summary = run_demo(cfg, progress=False, echo=lambda m: None, requests=24)
+    run = Path(summary["run_dir"])
+    on_disk = json.loads((run / "summary.json").read_text())
+    sv = on_disk["serving"]
+    store = Store(sv["store"])
+    rows = store.ledger_rows("serving")
+    assert sv["errors"] == [] and sv["episodes"] == 24 and sv["requests"] == store.count("traces") == 24
+    assert sv["feedback"] == 24 and store.count("feedback") == 24
+    assert sv["served_tokens"] == sum(r["served_tokens"] for r in rows) > 0
+    assert sv["cost_per_1m_served_tokens"] == pytest.approx(
+        sum(r["dollars"] for r in rows) / sum(r["served_tokens"] for r in rows) * 1e6)
+    rewards = [f["reward"] for t in store._conn().execute("SELECT id FROM traces") for f in store.feedback_for(t[0])]
+    assert sv["production_success"] == pytest.approx(sum(r >= 1 for r in rewards) / len(rewards))
+    text = before_after_table(on_disk)
+    assert f"${sv['cost_per_1m_served_tokens']:.4f} per 1M served tokens" in text
+    eco = on_disk["economics"]
+    assert f"post-training ${eco['post_training_dollars']:.4f}" in text
+    ipd = eco["intelligence_per_dollar"]
+    assert ("n/a" if ipd is None else f"{ipd:,.0f} held-out points per $") in text
+    assert "cost per 1M served tokens" in (run / "report.html").read_text()

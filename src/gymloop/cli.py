@@ -44,24 +44,29 @@ def before_after_table(summary: dict) -> str:
                          f"post-training ${eco['post_training_dollars']:.4f}{per_token}")
         lines.insert(-1, "intelligence per dollar: "
                          + (f"{ipd:,.0f} held-out points per $" if ipd is not None else "n/a"))
+    sv = summary.get("serving")
+    if sv:
+        cps = sv["cost_per_1m_served_tokens"]
+        lines.insert(-1, f"served: {sv['requests']} requests, {sv['served_tokens']:,} tokens, production success "
+                         f"{100 * sv['production_success']:.1f}%, "
+                         + (f"${cps:.4f} per 1M served tokens" if cps is not None else "no tokens served")
+                         + (f"; {len(sv['errors'])} errors" if sv["errors"] else ""))
     return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .config import TrainConfig
+    from .demo import run_demo
     from .recipes import demo_config
-    from .train import train
 
     cfg: TrainConfig = demo_config(run_dir=args.run_dir)
-    print("gymloop demo: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval")
-    summary = train(cfg, progress=not args.quiet)
-    # The table is printed from the file the run wrote, not from memory.
-    summary = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    print("gymloop demo: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval "
+          "-> serve it to production traffic (openai client) -> report")
+    # The table is printed from the summary.json the run wrote, not from memory.
+    summary = run_demo(cfg, progress=not args.quiet, requests=args.requests)
     print()
     print(before_after_table(summary))
-    from .report import write_report
-
-    print(f"report: {write_report(summary['run_dir'])}")
+    print(f"report: {Path(summary['run_dir']) / 'report.html'}")
     return 0
 
 
@@ -179,9 +184,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .report import write_loop_report, write_report
 
-    print(write_report(args.run_dir))
+    summary = Path(args.run_dir) / "summary.json"
+    if not summary.exists():
+        print(f"error: {summary} not found: give a run directory (gymloop train) or a loop directory "
+              "(gymloop run)", file=sys.stderr)
+        return 2
+    is_loop = json.loads(summary.read_text()).get("kind") == "loop"
+    print(write_loop_report(args.run_dir) if is_loop else write_report(args.run_dir))
     return 0
 
 
@@ -221,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="pre-train nano (cached), GRPO on arithmetic, before/after table")
+    d = sub.add_parser("demo", help="pre-train nano (cached), GRPO on arithmetic, serve it, before/after table")
     d.add_argument("--run-dir", default="runs")
+    d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 

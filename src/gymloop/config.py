@@ -87,6 +87,18 @@ class CostConfig(_Strict):
     utilisation: float = Field(0.4, gt=0, le=1, description="Assumed utilisation for projections to other hardware.")
 
 
+class LoggingConfig(_Strict):
+    """Where metrics go besides RUN_DIR/metrics.jsonl, which is always written."""
+
+    tensorboard: bool = Field(False, description="Also write TensorBoard event files to RUN_DIR/tensorboard "
+                              "(pip install 'gymloop[loggers]').")
+    wandb: bool = Field(False, description="Also log to a Weights & Biases run in RUN_DIR/wandb "
+                        "(pip install 'gymloop[loggers]').")
+    wandb_project: str = Field("gymloop", min_length=1, description="W&B project name.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline needs no network or account; `wandb sync RUN_DIR/wandb/offline-run-*` uploads later.")
+
+
 class TrainConfig(_Strict):
     """`gymloop train CONFIG.yaml`."""
 
@@ -106,6 +118,7 @@ class TrainConfig(_Strict):
     init_trainer_state: str | None = Field(
         None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers.")
 
 
 class ConfigError(ValueError):

@@ -121,3 +121,32 @@ class Ledger:
                          "assumption": f"{flops:.3g} FLOPs at {utilisation:.0%} of {p.peak_flops:.3g} FLOP/s peak; "
                                        f"{p.assumption}"}
         return out
+
+
+def cost_to_maintain(rounds: list[dict], events: list[dict], epsilon: float) -> list[dict]:
+    """What each drift event cost: dollars spent from the round that saw it until the served
+    model's score on its environment was back within `epsilon` of the pre-drift value.
+
+    rounds: [{"round", "dollars", "served": {env: held-out score}, "production": {env: success
+    rate}}], in order. events: [{"round", "env", "kind", "before", "after"}]; an "eval" event
+    holds scores, a "production" one failure rates (pre-drift success = 1 - before).
+    Returns one row per event; `recovered_round` None means "not yet", and `dollars` is then
+    what has been spent so far.
+    """
+    out = []
+    for e in events:
+        kind = e["kind"]
+        pre = e["before"] if kind == "eval" else 1 - e["before"]
+        spent, back = 0.0, None
+        for r in rounds:
+            if r["round"] < e["round"]:
+                continue
+            spent += r["dollars"]
+            score = r["served" if kind == "eval" else "production"].get(e["env"])
+            if score is not None and score >= pre - epsilon:
+                back = r["round"]
+                break
+        out.append({"env": e["env"], "kind": kind, "round": e["round"], "pre_drift": pre,
+                    "dollars": spent, "recovered_round": back,
+                    "status": "not yet" if back is None else f"recovered in round {back}"})
+    return out

@@ -19,10 +19,14 @@ from typing import Callable
 from pydantic import Field
 
 from .checkpoint import load_model, resolve_model
-from .config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
+from .config import CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
 from .engine import Engine
 from .envs import Task, make_env
 from .evaluate import evaluate
+from .ledger import load_profiles
+from .loop_summary import loop_summary
+from .report import write_loop_report
+from .run import Phases, write_json
 from .store import Store
 from .train import train
 
@@ -74,6 +78,8 @@ class LoopConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
     seed: int = Field(0, description="Seed; round r uses seed * 1000 + r.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
+    cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
 
 
 def suite_scores(model_dir: str, suites: list[str], cfg: LoopConfig) -> dict[str, float]:
@@ -158,20 +164,25 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
     store = Store(cfg.store)
     store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
+    profile = load_profiles(cfg.cost.profiles_file)[cfg.cost.profile]
     target = make_env(cfg.env.name, **cfg.env.options).name
     suites = [target] + [s for s in cfg.suites if s != target]
+    loop_dir = Path(cfg.run_dir) / cfg.name
     while cfg.rounds is None or store.last_round(cfg.name) < cfg.rounds:
         r = store.last_round(cfg.name) + 1
         started = time.time()
+        phases = Phases()     # the loop's own work; train() accounts for its phases
         current = store.promoted()
         if current is None:   # the first round starts from the base model, recorded as version 1
-            base = str(resolve_model(cfg.model, progress=progress))
-            scores = suite_scores(base, suites, cfg)
+            with phases.time("gate_evaluation"):
+                base = str(resolve_model(cfg.model, progress=progress))
+                scores = suite_scores(base, suites, cfg)
             vid = store.add_model_version(base, parent=None, status="promoted", scores=scores)
             current = store.model_version(vid)
         start_dir = current["path"]
         # Re-measured every round: an environment that changed shows up as a drop here.
-        before = suite_scores(start_dir, suites, cfg)
+        with phases.time("gate_evaluation"):
+            before = suite_scores(start_dir, suites, cfg)
         drift = detect_drift(cfg, store, r, current["scores"], before)
         if drift:
             echo(f"round {r}: drift " + ", ".join(f"{e['env']} ({e['kind']}: {e['before']:.2f} -> {e['after']:.2f})"
@@ -180,19 +191,34 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         tcfg = TrainConfig(
             model=start_dir, env=cfg.env, sampling=cfg.sampling, grpo=cfg.grpo,
             eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.eval_max_new_tokens),
-            seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(Path(cfg.run_dir) / cfg.name),
+            seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(loop_dir), cost=cfg.cost, logging=cfg.logging,
             name=f"round-{r:04d}", init_trainer_state=start_dir if has_state else None)
-        source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
+        with phases.time("curriculum"):
+            source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
         summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
         candidate = str(Path(summary["run_dir"]) / "checkpoint")
-        after = suite_scores(candidate, suites, cfg)
+        with phases.time("gate_evaluation"):
+            after = suite_scores(candidate, suites, cfg)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
+        ledger = [{"phase": k, **{f: v[f] for f in ("seconds", "dollars", "flops", "prompt_tokens",
+                                                    "generated_tokens", "trained_tokens")}}
+                  for k, v in summary["economics"]["phases"].items()]
+        ledger += [{"phase": k, "seconds": sec, "dollars": sec * profile.usd_per_hour / 3600}
+                   for k, sec in phases.seconds.items()]
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
-            started=started, metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats,
-                                      "drift": drift,
-                                      "economics": {k: summary["economics"].get(k) for k in
-                                                    ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
+            started=started, ledger=ledger,
+            metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats, "drift": drift,
+                     "economics": {k: summary["economics"].get(k) for k in
+                                   ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))
+        write_loop_files(store, cfg, target, loop_dir)
     return store.rounds(cfg.name)
+
+
+def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path) -> Path:
+    """summary.json and report.html of the loop so far (rewritten whole after every round)."""
+    loop_dir.mkdir(parents=True, exist_ok=True)
+    write_json(loop_dir / "summary.json", loop_summary(store, cfg.name, target, cfg.gate.epsilon))
+    return write_loop_report(loop_dir)

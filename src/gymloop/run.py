@@ -11,9 +11,13 @@ from typing import Iterator
 import yaml
 from pydantic import BaseModel
 
+from .config import LoggingConfig
+from .loggers import make_sinks, scalars
+
 
 class RunDir:
-    def __init__(self, parent: str | Path, name: str, config: BaseModel) -> None:
+    def __init__(self, parent: str | Path, name: str, config: BaseModel,
+                 logging: LoggingConfig | None = None) -> None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         path = Path(parent) / f"{name}-{stamp}"
         n = 1
@@ -24,6 +28,7 @@ class RunDir:
         self.path = path
         (path / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         self._metrics = open(path / "metrics.jsonl", "a", buffering=1)
+        self._sinks = make_sinks(logging, path, config.model_dump(mode="json")) if logging else []
 
     @property
     def checkpoint(self) -> Path:
@@ -32,16 +37,24 @@ class RunDir:
     def log(self, kind: str, **fields) -> None:
         """Append one metrics record (flushed per line, so a crash loses at most one)."""
         self._metrics.write(json.dumps({"kind": kind, "time": time.time(), **fields}) + "\n")
+        for sink in self._sinks:
+            sink.log(kind, int(fields.get("step", 0)), scalars(fields))
 
     def write_summary(self, summary: dict) -> Path:
-        p = self.path / "summary.json"
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(p)
-        return p
+        return write_json(self.path / "summary.json", summary)
 
     def close(self) -> None:
         self._metrics.close()
+        for sink in self._sinks:
+            sink.close()
+
+
+def write_json(path: Path, data: dict) -> Path:
+    """Write atomically: a reader (or a crash) sees the old file or the new one, never half."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return path
 
 
 class Phases:

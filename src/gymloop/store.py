@@ -213,7 +213,7 @@ class Store:
             "ORDER BY id DESC").fetchall()
         by_env: dict[str, list[float]] = {}
         for r in rows:
-            key = r["env"] if r["env_version"] is None or "@v" in r["env"] else f"{r['env']}@v{r['env_version']}"
+            key = _env_key(r["env"], r["env_version"])
             by_env.setdefault(key, []).append(float(r["reward"] < 1))
         out = {}
         for env, fails in by_env.items():
@@ -295,11 +295,12 @@ class Store:
         return [_row(r, ("metrics",)) for r in rows]
 
     def commit_round(self, run_id: str, round: int, *, path: str, parent: int | None, status: str,
-                     scores: dict, metrics: dict, started: float) -> int:
-        """Register the round's candidate and the round itself in one transaction.
+                     scores: dict, metrics: dict, started: float, ledger: list[dict] = ()) -> int:
+        """Register the round's candidate, the round and its ledger rows in one transaction.
 
-        A crash before this call loses nothing committed (the round is redone); after it, the
-        round exists exactly once (the primary key refuses a second commit).
+        A crash before this call loses nothing committed (the round is redone, and its costs are
+        counted once, with it); after it, the round exists exactly once (the primary key refuses a
+        second commit). `ledger`: rows {phase, seconds, dollars, flops, *_tokens}.
         """
         with self.tx() as c:
             cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
@@ -307,6 +308,8 @@ class Store:
             version = int(cur.lastrowid)
             c.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?)",
                       (run_id, round, status, started, time.time(), json.dumps({**metrics, "version": version})))
+            for row in ledger:
+                self._insert_ledger(c, run_id=run_id, round=round, **row)
         return version
 
     def stats(self) -> dict:
@@ -346,12 +349,45 @@ class Store:
                    device_seconds: float | None = None, dollars: float = 0.0, flops: float = 0.0,
                    **tokens: int) -> None:
         with self.tx() as c:
-            c.execute("INSERT INTO ledger (run_id, round, phase, seconds, device_seconds, prompt_tokens, "
-                      "generated_tokens, trained_tokens, served_tokens, flops, dollars, created) "
-                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (run_id, round, phase, seconds, seconds if device_seconds is None else device_seconds,
-                       tokens.get("prompt_tokens", 0), tokens.get("generated_tokens", 0),
-                       tokens.get("trained_tokens", 0), tokens.get("served_tokens", 0), flops, dollars, time.time()))
+            self._insert_ledger(c, phase=phase, seconds=seconds, run_id=run_id, round=round,
+                                device_seconds=device_seconds, dollars=dollars, flops=flops, **tokens)
+
+    @staticmethod
+    def _insert_ledger(c: sqlite3.Connection, *, phase: str, seconds: float, run_id: str | None = None,
+                       round: int | None = None, device_seconds: float | None = None, dollars: float = 0.0,
+                       flops: float = 0.0, prompt_tokens: int = 0, generated_tokens: int = 0,
+                       trained_tokens: int = 0, served_tokens: int = 0) -> None:
+        c.execute("INSERT INTO ledger (run_id, round, phase, seconds, device_seconds, prompt_tokens, "
+                  "generated_tokens, trained_tokens, served_tokens, flops, dollars, created) "
+                  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                  (run_id, round, phase, seconds, seconds if device_seconds is None else device_seconds,
+                   prompt_tokens, generated_tokens, trained_tokens, served_tokens, flops, dollars, time.time()))
+
+    def round_costs(self, run_id: str) -> dict[int, dict[str, dict]]:
+        """{round: {phase: {seconds, dollars, flops, *_tokens}}} of a loop's committed rounds."""
+        rows = self._conn().execute(
+            "SELECT round, phase, SUM(seconds) AS seconds, SUM(dollars) AS dollars, SUM(flops) AS flops, "
+            "SUM(prompt_tokens) AS prompt_tokens, SUM(generated_tokens) AS generated_tokens, "
+            "SUM(trained_tokens) AS trained_tokens FROM ledger WHERE run_id = ? AND round IS NOT NULL "
+            "GROUP BY round, phase ORDER BY round", (run_id,)).fetchall()
+        out: dict[int, dict[str, dict]] = {}
+        for r in rows:
+            out.setdefault(r["round"], {})[r["phase"]] = {k: r[k] for k in r.keys() if k not in ("round", "phase")}
+        return out
+
+    def production_success(self, since: float, until: float) -> dict[str, tuple[int, int]]:
+        """Per environment (name@version): (rewarded feedback rows with reward 1, all rewarded rows)
+        created in [since, until)."""
+        rows = self._conn().execute(
+            "SELECT env, env_version, SUM(reward >= 1) AS ok, COUNT(*) AS n FROM feedback "
+            "WHERE reward IS NOT NULL AND env IS NOT NULL AND created >= ? AND created < ? "
+            "GROUP BY env, env_version", (since, until)).fetchall()
+        return {_env_key(r["env"], r["env_version"]): (int(r["ok"]), int(r["n"])) for r in rows}
+
+
+def _env_key(env: str, version: int | None) -> str:
+    """Feedback names an environment either as `tools@v2` or as `tools` plus a version."""
+    return env if version is None or "@v" in env else f"{env}@v{version}"
 
 
 def _split(sql: str) -> list[str]:

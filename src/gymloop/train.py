@@ -44,7 +44,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     profiles = load_profiles(cfg.cost.profiles_file)
     if cfg.cost.profile not in profiles:
         raise ValueError(f"cost.profile {cfg.cost.profile!r} is not a profile; known: {sorted(profiles)}")
-    run = RunDir(cfg.run_dir, cfg.name, cfg)
+    run = RunDir(cfg.run_dir, cfg.name, cfg, cfg.logging)
     echo(f"run directory: {run.path}")
     model, tok = load_model(model_path)
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))

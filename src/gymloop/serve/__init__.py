@@ -27,7 +27,9 @@ def build(cfg: ServeConfig):
     engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
-    return create_app(cfg, store, batcher, tok), batcher, store
+    app = create_app(cfg, store, batcher, tok)
+    app.state.serving_ledger = serving      # flush() it to price the last seconds of serving
+    return app, batcher, store
 
 
 class ServingLedger:

@@ -1,0 +1,69 @@
+"""What a loop has done, read back from the store: one row per committed round (served version,
+held-out score per suite, promotion, production success per environment, cost by phase),
+the drift events, what each cost to recover from, and intelligence per dollar over time.
+
+The loop writes it as `summary.json` (and `report.html`) in its directory after every round,
+so the numbers a person reads are the store's, never a second bookkeeping.
+"""
+from __future__ import annotations
+
+from .ledger import cost_to_maintain
+from .store import Store
+
+
+def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict:
+    """Spend counts every phase of a round (rollouts, training, the gate's evaluations), since
+    all of it is what keeping the model worth serving costs. Intelligence per dollar is held-out
+    points of the target suite per dollar: from the base (first round's served model) over the
+    cumulative spend, and per promotion over that round's spend."""
+    rounds = store.rounds(run_id)
+    costs = store.round_costs(run_id)
+    versions = {v["version"]: v for v in store.model_versions()}
+    events = [e for e in store.drift_events() if e["run_id"] == run_id]
+    rows: list[dict] = []
+    spent = 0.0
+    base = rounds[0]["metrics"]["before"] if rounds else {}
+    # Production outcomes of round r: feedback since the previous round ended; for the first
+    # round, since the model it started from was recorded (its traffic before the loop began).
+    first_parent = versions.get(rounds[0]["metrics"]["version"], {}).get("parent") if rounds else None
+    since = versions[first_parent]["created"] if first_parent in versions else (rounds[0]["started"] if rounds else 0.0)
+    for r in rounds:
+        m = r["metrics"]
+        promoted = r["status"] == "promoted"
+        served = m["after"] if promoted else m["before"]
+        phases = costs.get(r["round"], {})
+        dollars = sum(p["dollars"] for p in phases.values())
+        spent += dollars
+        prod = store.production_success(since, r["finished"])
+        since = r["finished"]
+        gain_prev = 100 * (m["after"][target] - m["before"][target]) if promoted else 0.0
+        rows.append({
+            "round": r["round"], "version": m["version"], "status": r["status"], "why": m.get("why", ""),
+            "served_version": m["version"] if promoted else versions.get(m["version"], {}).get("parent"),
+            "before": m["before"], "after": m["after"], "served": served,
+            "production": {env: ok / n for env, (ok, n) in prod.items()},
+            "production_requests": {env: n for env, (_, n) in prod.items()},
+            "drift": m.get("drift", []),
+            "seconds": r["finished"] - r["started"], "ledger_seconds": sum(p["seconds"] for p in phases.values()),
+            "dollars": dollars, "phase_dollars": {k: p["dollars"] for k, p in phases.items()},
+            "cumulative_dollars": spent,
+            "points_from_base": 100 * (served[target] - base.get(target, served[target])),
+            "intelligence_per_dollar": (100 * (served[target] - base[target]) / spent
+                                        if spent > 0 and target in base else None),
+            "promotion_points_per_dollar": gain_prev / dollars if promoted and dollars > 0 else None,
+        })
+    serving = store.stats()
+    last = rows[-1] if rows else None
+    return {
+        "kind": "loop", "run_id": run_id, "target": target, "epsilon": epsilon,
+        "rounds": rows, "drift_events": events,
+        "cost_to_maintain": cost_to_maintain(rows, events, epsilon),
+        "base_scores": base,
+        "served_scores": last["served"] if last else {},
+        "post_training_dollars": spent,
+        "points_gained": last["points_from_base"] if last else 0.0,
+        "intelligence_per_dollar": last["intelligence_per_dollar"] if last else None,
+        "promotions": sum(r["status"] == "promoted" for r in rows),
+        "served_tokens": serving["served_tokens"], "serving_dollars": serving["serving_dollars"],
+        "cost_per_1m_served_tokens": serving["cost_per_1m_served_tokens"],
+    }

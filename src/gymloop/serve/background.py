@@ -1,0 +1,45 @@
+"""Serve an app with uvicorn in a background thread on loopback (the demo's production, tests)."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """`with ServerThread(app) as base_url:` — returns once /healthz answers; stops on exit."""
+
+    def __init__(self, app, port: int | None = None, start_timeout_s: float = 10.0) -> None:
+        self.app, self.port, self.start_timeout_s = app, port, start_timeout_s
+
+    def __enter__(self) -> str:
+        import uvicorn
+
+        port = self.port or free_port()
+        self.srv = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.srv.run, name="gymloop-server", daemon=True)
+        self.thread.start()
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=1).close()
+                return base
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if not self.thread.is_alive():
+                    break
+                time.sleep(0.05)
+        self.srv.should_exit = True
+        raise RuntimeError(f"gymloop server did not answer on {base}/healthz within {self.start_timeout_s} s")
+
+    def __exit__(self, *exc) -> None:
+        self.srv.should_exit = True
+        self.thread.join(5)
