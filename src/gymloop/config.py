@@ -99,6 +99,24 @@ class LoggingConfig(_Strict):
         "offline", description="offline needs no network or account; `wandb sync RUN_DIR/wandb/offline-run-*` uploads later.")
 
 
+class ClusterConfig(_Strict):
+    """Where the job's roles run. `local`: this machine's processes. `ray`: rollout workers
+    (an engine and the environment each) are Ray actors; the trainer stays in the driver."""
+
+    backend: Literal["local", "ray"] = Field("local", description="local or ray.")
+    address: str | None = Field(None, description="Ray cluster to join: 'host:port', 'auto' or 'ray://...'; "
+                                "None starts a private local Ray instance for the run (stopped after it).")
+    num_cpus: int = Field(2, ge=1, description="CPUs of the private local Ray instance.")
+    workers: int = Field(2, ge=1, description="Rollout worker actors; each step's tasks are split across them.")
+    worker_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker.")
+    connect_timeout_s: float = Field(20.0, gt=0, description="Fail with a clear error when the cluster does "
+                                     "not answer within this.")
+    step_timeout_s: float = Field(600.0, gt=0, description="Most seconds a step's rollouts may take before "
+                                  "the run stops with an error (never a silent hang).")
+    max_restarts: int = Field(3, ge=0, description="Dead workers replaced per step before giving up.")
+    bucket_mb: int = Field(64, ge=1, description="Weight-transfer bucket size through the object store.")
+
+
 class TrainConfig(_Strict):
     """`gymloop train CONFIG.yaml`."""
 
@@ -119,6 +137,14 @@ class TrainConfig(_Strict):
         None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where rollouts run.")
+
+    @model_validator(mode="after")
+    def _ray_is_synchronous(self) -> "TrainConfig":
+        if self.cluster.backend == "ray" and self.grpo.max_staleness:
+            raise ValueError("cluster.backend ray runs synchronous rollouts: set grpo.max_staleness to 0 "
+                             "(asynchronous rollouts run with backend local)")
+        return self
 
 
 class ConfigError(ValueError):

@@ -19,7 +19,7 @@ from typing import Callable
 from pydantic import Field
 
 from .checkpoint import load_model, resolve_model
-from .config import CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
+from .config import ClusterConfig, CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
 from .engine import Engine
 from .envs import Task, make_env
 from .evaluate import evaluate
@@ -80,6 +80,7 @@ class LoopConfig(_Strict):
     threads: int = Field(1, ge=1, description="torch CPU threads.")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's rollouts run.")
 
 
 def suite_scores(model_dir: str, suites: list[str], cfg: LoopConfig) -> dict[str, float]:
@@ -191,7 +192,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         tcfg = TrainConfig(
             model=start_dir, env=cfg.env, sampling=cfg.sampling, grpo=cfg.grpo,
             eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.eval_max_new_tokens),
-            seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(loop_dir), cost=cfg.cost, logging=cfg.logging,
+            seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(loop_dir),
+            cost=cfg.cost, logging=cfg.logging, cluster=cfg.cluster,
             name=f"round-{r:04d}", init_trainer_state=start_dir if has_state else None)
         with phases.time("curriculum"):
             source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)

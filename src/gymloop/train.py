@@ -77,7 +77,12 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     task_seed = lambda step: cfg.seed * 1_000_003 + step  # noqa: E731
     sampler = task_source or (lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step)))
     params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
-    if g.max_staleness == 0:
+    if cfg.cluster.backend == "ray":
+        from .cluster.ray_backend import RaySource
+
+        source = RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                           cfg.cluster, backend=cfg.engine_backend)
+    elif g.max_staleness == 0:
         source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     else:
         kind = ProcessSource if g.collector == "process" else AsyncSource
@@ -120,7 +125,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 # tensors, so this copies nothing and only bumps its version. An async
                 # collector gets the new weights to load between its batches.
                 engine.load_weights(model.state_dict(), version=step)
-                if g.max_staleness:
+                if g.max_staleness or cfg.cluster.backend == "ray":
                     source.publish(model, version=step)
             with phases.time("logging"):
                 ok = [r for r in rollouts if r.ok]

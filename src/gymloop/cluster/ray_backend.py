@@ -1,0 +1,200 @@
+"""The Ray backend: rollout workers (an engine and the environment each) as Ray actors, the
+trainer in the driver, weights through the object store in buckets.
+
+    source = RaySource(model, tok, env, tasks, group, params, max_turns, cluster_cfg)
+    batch = source.next(step)          # the SyncSource contract (sources.py)
+    source.publish(model, version)     # one ray.put per bucket, shared by every worker on a node
+
+Each step's tasks are split across the workers, whole groups together. A worker that dies
+mid-step is replaced, loaded with the current weights, and its share is run again; results
+are merged only from calls that completed, so no episode is counted twice or half. Nothing
+waits forever: a cluster that does not answer fails within `connect_timeout_s`, a step within
+`step_timeout_s`, each with a message that says what to do.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+import torch
+
+from ..config import ClusterConfig
+from ..engine import Engine, SamplingParams
+from ..envs.base import Environment, Task
+from ..rollout import RolloutStats, collect
+from ..sources import RolloutBatch, TaskSampler
+from .buckets import Slot, pack, unpack
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be reached, or its workers could not finish a step."""
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Fail fast with a clear message when nothing listens at host:port."""
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"cluster.address {address!r} is not 'host:port', 'auto' or 'ray://host:port'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterError(f"no Ray cluster answers at {address} ({exc}); start one with `ray start --head` "
+                           "or set cluster.address (null starts a private local instance)") from None
+
+
+def connect(cfg: ClusterConfig) -> bool:
+    """Join (or start) Ray. Returns True when this call started a private instance, which the
+    caller then stops."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.address is None:
+        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, logging_level="warning",
+                 log_to_driver=False)
+        return True
+    if cfg.address != "auto":
+        _probe(cfg.address, cfg.connect_timeout_s)
+    # ray.init itself may retry for minutes; bound it.
+    pool = ThreadPoolExecutor(1)
+    fut = pool.submit(ray.init, address=cfg.address, logging_level="warning", log_to_driver=False)
+    try:
+        fut.result(timeout=cfg.connect_timeout_s)
+    except FutureTimeout:
+        raise ClusterError(f"Ray at {cfg.address} did not accept this driver within {cfg.connect_timeout_s:.0f} s") from None
+    except Exception as exc:  # noqa: BLE001 - Ray raises several kinds; all mean "not reachable"
+        raise ClusterError(f"could not join the Ray cluster at {cfg.address}: {exc}") from None
+    finally:
+        pool.shutdown(wait=False)
+    return False
+
+
+class RolloutWorker:
+    """Body of a rollout actor: a copy of the model in an engine, and the environment."""
+
+    def __init__(self, model_config, tok, env: Environment, backend: str = "auto") -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(1)
+        model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
+        self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        self.tok, self.env = tok, env
+
+    def load(self, version: int, layout: list[Slot], *buckets) -> int:
+        """Load a weight version; `buckets` arrive as read-only views of the object store."""
+        self.engine.load_weights(unpack(list(buckets), layout), version=version)
+        return version
+
+    def collect(self, tasks: list[Task], group: int, params: SamplingParams, max_turns: int):
+        rollouts, stats = collect(self.engine, self.tok, self.env, tasks, group, params, max_turns=max_turns)
+        return rollouts, stats, self.engine.version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
+    """Counts add up; seconds are the slowest worker's, since workers run side by side (the
+    trainer's clock saw the longest, not the sum)."""
+    return RolloutStats(
+        episodes=sum(p.episodes for p in parts), generated_tokens=sum(p.generated_tokens for p in parts),
+        prompt_tokens=sum(p.prompt_tokens for p in parts), errors=sum(p.errors for p in parts),
+        gen_seconds=max((p.gen_seconds for p in parts), default=0.0),
+        env_seconds=max((p.env_seconds for p in parts), default=0.0))
+
+
+def shard(tasks: list[Task], n: int) -> list[list[Task]]:
+    """Contiguous, near-equal shares, so concatenating results keeps the tasks' order."""
+    k, extra = divmod(len(tasks), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + k + (i < extra)
+        out.append(tasks[start:end])
+        start = end
+    return out
+
+
+class RaySource:
+    """Synchronous rollouts from Ray actors (max_staleness 0)."""
+
+    def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
+                 params: Callable[[int], SamplingParams], max_turns: int, cfg: ClusterConfig,
+                 backend: str = "auto") -> None:
+        import ray
+
+        self.cfg, self.tok, self.env, self.tasks = cfg, tok, env, tasks
+        self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
+        self.model_config = model.config
+        self.owns_ray = connect(cfg)
+        self._actor = ray.remote(num_cpus=cfg.worker_cpus, max_restarts=0)(RolloutWorker)
+        self.replaced = 0                       # workers replaced after dying, over the run
+        self.publish(model, 0)
+        self.workers = [self._spawn() for _ in range(cfg.workers)]
+        self._loaded = [-1] * cfg.workers        # weight version each worker was sent
+
+    def _spawn(self):
+        return self._actor.options(name=None).remote(self.model_config, self.tok, self.env, self.backend)
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        import ray
+
+        buckets, layout = pack(model.state_dict(), self.cfg.bucket_mb << 20)
+        self._weights = (version, layout, [ray.put(b) for b in buckets])
+
+    def _submit(self, i: int, tasks: list[Task], params: SamplingParams):
+        version, layout, refs = self._weights
+        w = self.workers[i]
+        if self._loaded[i] != version:       # calls on one actor run in order: load, then collect
+            w.load.remote(version, layout, *refs)
+            self._loaded[i] = version
+        return w.collect.remote(tasks, self.group, params, self.max_turns)
+
+    def next(self, step: int) -> RolloutBatch:
+        import ray
+
+        t0 = time.perf_counter()
+        params = self.params(step)
+        shares = shard(self.tasks(step), len(self.workers))
+        pending = {self._submit(i, s, params): i for i, s in enumerate(shares) if s}
+        results: dict[int, tuple] = {}
+        deadline = time.monotonic() + self.cfg.step_timeout_s
+        restarts = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise ClusterError(f"step {step}: rollout workers returned nothing within "
+                                   f"{self.cfg.step_timeout_s:.0f} s (cluster.step_timeout_s)")
+            i = pending.pop(ready[0])
+            try:
+                results[i] = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                restarts += 1
+                if restarts > self.cfg.max_restarts:
+                    raise ClusterError(f"step {step}: {restarts} rollout workers died "
+                                       f"(cluster.max_restarts {self.cfg.max_restarts}); last: {exc}") from None
+                self.replaced += 1
+                self.workers[i] = self._spawn()
+                self._loaded[i] = -1
+                pending[self._submit(i, shares[i], params)] = i       # its whole share, again
+        order = sorted(results)
+        rollouts = [r for i in order for r in results[i][0]]
+        stats = merge_stats([results[i][1] for i in order])
+        versions = sorted({results[i][2] for i in order})
+        return RolloutBatch(step, rollouts, stats, versions=versions, wait_seconds=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.workers = []
+        if self.owns_ray:
+            ray.shutdown()

@@ -1,0 +1,122 @@
+"""The Ray backend, on a private local Ray instance with 2 CPUs started by the tests and stopped
+after them: a short GRPO run with rollout workers as actors learns; a worker killed in the
+middle of a step is replaced and every episode is counted once; a cluster address that does
+not answer fails fast; no Ray process is left behind."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="pip install 'gymloop[ray]' (make test installs it)")
+
+from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
+from gymloop.envs import REGISTRY, Score  # noqa: E402
+
+import test_train  # noqa: E402
+from test_train import DigitEnv  # noqa: E402
+
+# The workers are other processes: they get the test's environment classes by value.
+ray.cloudpickle.register_pickle_by_value(test_train)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [ln for ln in out if any(k in ln for k in ("raylet", "gcs_server", "ray::", "default_worker.py"))]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    yield
+    ray.shutdown()
+    deadline = time.time() + 20
+    while ray_processes() and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_processes() == [], "Ray left processes behind"
+
+
+def _cfg(tmp_path, tiny_model_dir, steps=30, **cluster):
+    return TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": steps, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
+        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1},
+        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5, **cluster}})
+
+
+def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_model_dir, monkeypatch):
+    from gymloop.cluster.ray_backend import ClusterError
+    from gymloop.serve.background import free_port
+    from gymloop.train import train
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    assert not ray.is_initialized()           # first in the file: before the local instance starts
+    cfg = _cfg(tmp_path, tiny_model_dir, address=f"127.0.0.1:{free_port()}", connect_timeout_s=5)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="no Ray cluster answers at 127.0.0.1"):
+        train(cfg, progress=False, echo=lambda m: None)
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_ray, monkeypatch):
+    from gymloop.loop import LoopConfig, run_loop
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "ray", "rounds": 1, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": 30, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
+        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5}})
+    [round1] = run_loop(cfg, echo=lambda m: None)
+    [run_dir] = [p for p in (tmp_path / "runs" / "ray").iterdir() if p.name.startswith("round-0001")]
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward"] for r in recs if r["kind"] == "train"]
+    assert len(rewards) == 30
+    assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.3, rewards
+    assert round1["status"] == "promoted" and round1["metrics"]["after"]["digit"] >= 0.9
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["phase_seconds"]["weight_sync"] > 0      # buckets went through the object store
+
+
+class SlowDigitEnv(DigitEnv):
+    """Each verification takes a while, so a step is long enough to kill a worker inside it."""
+
+    def verify(self, task, messages) -> Score:
+        time.sleep(0.02)
+        return super().verify(task, messages)
+
+
+def test_a_worker_killed_mid_step_is_replaced_and_no_episode_is_counted_twice(tiny_model_dir, local_ray):
+    from gymloop.checkpoint import load_model
+    from gymloop.cluster.ray_backend import RaySource
+    from gymloop.engine import SamplingParams
+
+    model, tok = load_model(tiny_model_dir)
+    env = SlowDigitEnv()
+    tasks = lambda step: env.sample_tasks(8, "train", step)  # noqa: E731
+    src = RaySource(model, tok, env, tasks, 4, lambda step: SamplingParams(max_new_tokens=1, seed=step), 1,
+                    ClusterConfig(backend="ray", workers=2, worker_cpus=0.5))
+    try:
+        src.next(1)                                          # workers up and loaded
+        victim = src.workers[0]
+        pid = ray.get(victim.pid.remote())
+        killer = threading.Timer(0.25, lambda: ray.kill(victim))   # 8 tasks x 4 x 20 ms: ~0.35 s a share
+        killer.start()
+        batch = src.next(2)
+        killer.join()
+        assert src.replaced == 1 and ray.get(src.workers[0].pid.remote()) != pid
+        ids = [r.task.id for r in batch.rollouts]
+        expected = [t.id for t in tasks(2) for _ in range(4)]
+        assert ids == expected                               # each episode once, in order
+        assert batch.stats.episodes == len(expected)
+    finally:
+        src.close()
