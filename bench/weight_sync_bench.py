@@ -6,6 +6,9 @@ For the nano model and a 135M-parameter Llama (SmolLM2-135M's shape, random weig
 - in-process: trainer and engine share tensors; publishing is a version bump (0 bytes copied);
 - shared memory: `SharedWeights.write` (trainer -> shared buffer) and `read_into` (buffer ->
   the collector's engine), the path of the asynchronous collector process;
+- Ray: the trainer packs the weights into buckets (`cluster.buckets.pack`), puts each in the
+  object store, and a rollout-worker actor loads them (`RaySource.publish` + the worker's
+  `load`), end to end, on a private local Ray instance;
 - memcpy: one plain copy of the same bytes, measured in the same run (the ceiling).
 Goal (issue #7): cross-process sync >= 50% of memcpy bandwidth (shared memory moves the bytes
 twice, so its ceiling is 50%).
@@ -23,6 +26,26 @@ from gymloop.engine import Engine
 from gymloop.sources import SharedWeights
 
 
+def ray_sync(model: torch.nn.Module, tok) -> float:
+    """Median seconds of pack -> put -> actor load for one version."""
+    import ray
+
+    from gymloop.cluster.buckets import pack
+    from gymloop.cluster.ray_backend import RolloutWorker
+
+    worker = ray.remote(num_cpus=1)(RolloutWorker).remote(model.config, tok, None)
+
+    def once():
+        buckets, layout = pack(model.state_dict(), 64 << 20)
+        refs = [ray.put(b) for b in buckets]
+        ray.get(worker.load.remote(3, layout, *refs))
+
+    once()                  # actor start-up is not weight sync
+    t = common.median_time(once, repeats=5)
+    ray.kill(worker)
+    return t
+
+
 def smollm_shaped() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -34,7 +57,11 @@ def smollm_shaped() -> torch.nn.Module:
 def main() -> None:
     torch.set_num_threads(1)
     nano, tok = load_model(resolve_model("nano"))
-    rows = [["model", "bytes", "in-process", "shared memory (write+read)", "GB/s", "memcpy GB/s", "of memcpy"]]
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    rows = [["model", "bytes", "in-process", "shared memory (write+read)", "GB/s", "Ray (pack+put+load)", "GB/s",
+             "memcpy GB/s", "shm / Ray of memcpy"]]
     out = {}
     for name, model in (("nano", nano), ("135M llama", smollm_shaped())):
         nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -51,10 +78,13 @@ def main() -> None:
         flat_src = torch.empty(nbytes // 4)
         flat_dst = torch.empty_like(flat_src)
         t_cpy = common.median_time(lambda: flat_dst.copy_(flat_src), repeats=5)
-        gbps, cpy = nbytes / t_shm / 1e9, nbytes / t_cpy / 1e9
+        t_ray = ray_sync(model, tok)
+        gbps, rgbps, cpy = nbytes / t_shm / 1e9, nbytes / t_ray / 1e9, nbytes / t_cpy / 1e9
         rows.append([name, f"{nbytes / 1e6:.1f} MB", f"{t_in * 1e3:.2f} ms (0 B copied)", f"{t_shm * 1e3:.1f} ms",
-                     f"{gbps:.2f}", f"{cpy:.2f}", f"{gbps / cpy:.0%}"])
-        out[name] = {"bytes": nbytes, "in_process_s": t_in, "shm_s": t_shm, "memcpy_s": t_cpy}
+                     f"{gbps:.2f}", f"{t_ray * 1e3:.1f} ms", f"{rgbps:.2f}", f"{cpy:.2f}",
+                     f"{gbps / cpy:.0%} / {rgbps / cpy:.0%}"])
+        out[name] = {"bytes": nbytes, "in_process_s": t_in, "shm_s": t_shm, "ray_s": t_ray, "memcpy_s": t_cpy}
+    ray.shutdown()
     print("Weight sync, median of 5, 1 thread")
     print(common.table(rows))
     common.save("weight_sync", out)

@@ -94,7 +94,7 @@ def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
         store.add_feedback(tid, reward=float(i % 2), env="digit", task_id=f"d{i}")
     run_loop(cfg, echo=lambda m: None)
     charts = check_page((tmp_path / "runs" / "seen" / "report.html").as_uri(), tmp_path, "loop-report")
-    assert len(charts.charts) == 4 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
+    assert len(charts.charts) == 7 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
 
 
 def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):

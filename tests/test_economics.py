@@ -193,7 +193,7 @@ def test_loop_report_draws_every_chart(drift_loop):
     dom = _Dom()
     dom.feed(page)
     # the production chart has no data in this loop (no traffic); the others are drawn
-    assert len(dom.figures) == 4 and set(dom.figures) - set(dom.marks) == {"Production success rate per round"}
+    assert len(dom.figures) == 7 and set(dom.figures) - set(dom.marks) == {"Production success rate per round"}
     assert "recovered in round 1" in page and "drift digit" in page
 
 

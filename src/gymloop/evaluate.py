@@ -8,7 +8,8 @@ from typing import Sequence
 from .chat import ChatTokenizer
 from .engine import Engine, SamplingParams
 from .envs.base import Environment, Task
-from .rollout import collect
+from .progress import progress as progress_bar
+from .rollout import RolloutStats, collect
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -36,12 +37,32 @@ class EvalResult:
         return asdict(self)
 
 
+CHUNK = 256      # tasks per engine batch: bounds memory, and paces the progress bar
+
+
+def _collect_chunked(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], n: int,
+                     params: SamplingParams, max_turns: int, bar) -> tuple[list, RolloutStats]:
+    rolls, total = [], RolloutStats()
+    for i in range(0, len(tasks), CHUNK):
+        part = tasks[i:i + CHUNK]
+        # each chunk its own random stream, else chunks would repeat one another's draws
+        p = params if params.seed is None else SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+        r, st = collect(engine, tok, env, part, n, p, max_turns=max_turns)
+        rolls += r
+        for k in ("episodes", "generated_tokens", "prompt_tokens", "errors", "gen_seconds", "env_seconds"):
+            setattr(total, k, getattr(total, k) + getattr(st, k))
+        bar.update(len(part) * n)
+    return rolls, total
+
+
 def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], *,
              max_new_tokens: int = 16, max_turns: int = 1, ks: Sequence[int] = (),
-             samples: int = 0, temperature: float = 1.0, seed: int = 0) -> EvalResult:
+             samples: int = 0, temperature: float = 1.0, seed: int = 0, progress: bool = False) -> EvalResult:
     """Greedy pass@1 on `tasks`; with `ks`, also pass@k from `samples` draws per task."""
+    samples = max(samples, max(ks)) if ks else 0
+    bar = progress_bar(None, f"eval {env.name}", progress, "episode", total=len(tasks) * (1 + samples), leave=False)
     greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    rolls, st = collect(engine, tok, env, tasks, 1, greedy, max_turns=max_turns)
+    rolls, st = _collect_chunked(engine, tok, env, tasks, 1, greedy, max_turns, bar)
     good = [r for r in rolls if r.ok]
     n = max(len(good), 1)
     res = EvalResult(
@@ -53,9 +74,8 @@ def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequen
         generated_tokens=st.generated_tokens,
     )
     if ks:
-        samples = max(samples, max(ks))
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        rolls, st2 = collect(engine, tok, env, tasks, samples, params, max_turns=max_turns)
+        rolls, st2 = _collect_chunked(engine, tok, env, tasks, samples, params, max_turns, bar)
         res.seconds += st2.gen_seconds + st2.env_seconds
         res.generated_tokens += st2.generated_tokens
         for k in ks:
@@ -65,4 +85,5 @@ def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequen
                 if len(grp) >= k:
                     vals.append(pass_at_k(len(grp), sum(r.reward >= 1.0 for r in grp), k))
             res.pass_at_k[k] = sum(vals) / max(len(vals), 1)
+    bar.close()
     return res

@@ -27,6 +27,7 @@ from .ledger import load_profiles
 from .loop_summary import loop_summary
 from .report import write_loop_report
 from .run import Phases, write_json
+from .progress import progress as progress_bar
 from .store import Store
 from .train import train
 
@@ -169,6 +170,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
     target = make_env(cfg.env.name, **cfg.env.options).name
     suites = [target] + [s for s in cfg.suites if s != target]
     loop_dir = Path(cfg.run_dir) / cfg.name
+    bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
+                       initial=store.last_round(cfg.name))
     while cfg.rounds is None or store.last_round(cfg.name) < cfg.rounds:
         r = store.last_round(cfg.name) + 1
         started = time.time()
@@ -212,11 +215,33 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
             started=started, ledger=ledger,
             metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats, "drift": drift,
+                     "training": training_stats(summary),
                      "economics": {k: summary["economics"].get(k) for k in
                                    ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))
         write_loop_files(store, cfg, target, loop_dir)
+        bar.update(1)
+        bar.set_postfix({"served": f"v{version if promote else current['version']}", target: f"{(after if promote else before)[target]:.2f}"})
+    bar.close()
     return store.rounds(cfg.name)
+
+
+def training_stats(summary: dict) -> dict:
+    """A round's GRPO in a few numbers: mean reward of its first and last tenth of steps, mean
+    loss, and generation throughput."""
+    import json
+
+    recs = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if r["kind"] == "train"]
+    tenth = max(1, len(train) // 10)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    gen_s = sum(r.get("gen_seconds", 0.0) for r in train)
+    gen_tokens = sum(r.get("generated_tokens", 0) for r in train)
+    return {"steps": len(train), "reward_first": mean([r["reward"] for r in train[:tenth]]),
+            "reward_last": mean([r["reward"] for r in train[-tenth:]]),
+            "reward_mean": mean([r["reward"] for r in train]),
+            "loss_mean": mean([r["loss"] for r in train if "loss" in r]),
+            "generated_tokens": gen_tokens, "tokens_per_s": gen_tokens / gen_s if gen_s > 0 else None}
 
 
 def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path) -> Path:

@@ -43,7 +43,7 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict
             "before": m["before"], "after": m["after"], "served": served,
             "production": {env: ok / n for env, (ok, n) in prod.items()},
             "production_requests": {env: n for env, (_, n) in prod.items()},
-            "drift": m.get("drift", []),
+            "drift": m.get("drift", []), "training": m.get("training", {}),
             "seconds": r["finished"] - r["started"], "ledger_seconds": sum(p["seconds"] for p in phases.values()),
             "dollars": dollars, "phase_dollars": {k: p["dollars"] for k, p in phases.items()},
             "cumulative_dollars": spent,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 W, H, PAD = 560, 220, 40
+LEFT = 76          # room for tick labels like 1.23e+04 left of the plot
 
 
 COLORS = ("#2f6fde", "#d9822b", "#2e9e5b", "#a34fd1", "#c23b3b", "#5b6477")
@@ -36,11 +37,11 @@ def _lines_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[f
     hi = max(all_y) if ymax is None else ymax
     hi = hi if hi > lo else lo + 1
     x0, x1 = min(all_x), max(all_x) if max(all_x) > min(all_x) else min(all_x) + 1
-    sx = lambda x: PAD + (x - x0) / (x1 - x0) * (W - 2 * PAD)  # noqa: E731
+    sx = lambda x: LEFT + (x - x0) / (x1 - x0) * (W - LEFT - PAD)  # noqa: E731
     sy = lambda y: H - PAD - (y - lo) / (hi - lo) * (H - 2 * PAD)  # noqa: E731
     ticks = "".join(
-        f'<text x="{PAD - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.2g}</text>'
-        f'<line x1="{PAD}" x2="{W - PAD}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
+        f'<text x="{LEFT - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>'
+        f'<line x1="{LEFT}" x2="{W - PAD}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
         for v in (lo, (lo + hi) / 2, hi))
     body = "".join(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{PAD / 2}" y2="{H - PAD}" class="mark"/>'
                    f'<text x="{sx(x) + 3:.1f}" y="{PAD / 2 + 10}" class="mark-label">{html.escape(label)}</text>'
@@ -58,7 +59,7 @@ def _lines_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[f
     return (f'<figure class="chart" data-chart="{html.escape(title)}"><figcaption>{html.escape(title)}</figcaption>'
             f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">{ticks}{body}'
             f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle">{html.escape(xlabel)}</text>'
-            f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">{html.escape(ylabel)}</text>'
+            f'<text x="11" y="{H / 2}" transform="rotate(-90 11 {H / 2})" text-anchor="middle">{html.escape(ylabel)}</text>'
             f'</svg></figure>')
 
 
@@ -172,6 +173,17 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def _round_lines(title: str, rounds: list[dict], fields: dict[str, str], ylabel: str,
+                 ymin: float | None = None, ymax: float | None = None) -> str:
+    """One series per training statistic (`fields`: label -> key of a round's `training`)."""
+    series = {}
+    for label, key in fields.items():
+        pts = [(r["round"], r["training"][key]) for r in rounds if r["training"].get(key) is not None]
+        series[label] = ([x for x, _ in pts], [y for _, y in pts])
+    return _lines_chart(title, series, ylabel, ymin, ymax, "round", dots={k: v[0] for k, v in series.items()},
+                        legend=len(fields) > 1)
+
+
 def write_loop_report(loop_dir: str | Path) -> Path:
     """report.html of a loop from its summary.json (see loop_summary): scores per suite per
     round with promotions (dots) and drift events (dashed lines), production success,
@@ -198,6 +210,10 @@ def write_loop_report(loop_dir: str | Path) -> Path:
                       for k in suites}, "pass@1", 0, 1, "round", dots={k: promoted for k in suites}, marks=drift),
         _lines_chart("Production success rate per round", prod, "success", 0, 1, "round",
                      dots={k: v[0] for k, v in prod.items()}, marks=drift),
+        _round_lines("Training reward per round (mean of the first and last tenth of steps)", rounds,
+                     {"first": "reward_first", "last": "reward_last"}, "reward", 0, 1),
+        _round_lines("GRPO loss per round (mean)", rounds, {"loss": "loss_mean"}, "loss"),
+        _round_lines("Generation throughput per round", rounds, {"tokens/s": "tokens_per_s"}, "tokens/s", 0),
         _bar_chart("Post-training dollars by phase", list(phase_dollars), list(phase_dollars.values()), "$"),
         _line_chart("Intelligence per dollar (points from base per $ spent)",
                     [x for x, _ in ipd], [y for _, y in ipd], "points/$", xlabel="round"),

@@ -23,10 +23,10 @@ from .run import Phases, RunDir
 from .trainer import Trainer, advantages_for, rollouts_to_batch
 
 
-def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=()) -> EvalResult:
+def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = False) -> EvalResult:
     return evaluate(engine, tok, env, tasks, max_new_tokens=cfg.eval.max_new_tokens,
                     max_turns=cfg.env.max_turns, ks=ks, samples=cfg.eval.samples,
-                    temperature=cfg.sampling.temperature, seed=cfg.seed)
+                    temperature=cfg.sampling.temperature, seed=cfg.seed, progress=progress)
 
 
 def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
@@ -61,7 +61,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
 
     with phases.time("evaluation"):
-        base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
+        base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress)
     ledger.add("evaluation", generated_tokens=base.generated_tokens)
     base_eval_s = phases.seconds["evaluation"]
     run.log("eval", step=0, **base.as_dict())
@@ -150,7 +150,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
             source.close()
     if cfg.eval.ks:
         with phases.time("evaluation"):
-            last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks)
+            last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress)
         ledger.add("evaluation", generated_tokens=last.generated_tokens)
         run.log("eval", step=engine.version, **last.as_dict())
     with phases.time("checkpoint"):
