@@ -263,3 +263,41 @@ def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeyp
     with pytest.raises(RuntimeError, match="collector died.*environment worker crashed"):
         train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
               echo=lambda m: None)
+
+
+def test_shared_weights_cost_one_copy_and_never_touch_the_buffer_in_use(tok):
+    import copy
+    import multiprocessing as mp
+
+    from gymloop.sources import SharedWeights
+
+    trainer_model = tiny_llama(tok.vocab_size, seed=5)          # tied embeddings (tiny_llama default)
+    engine = Engine(copy.deepcopy(trainer_model), tok.pad_token_id)
+    shared = SharedWeights(trainer_model, mp.get_context("fork"))
+    ptrs = lambda b: {t.data_ptr() for t in shared.buffers[b].values()}  # noqa: E731
+
+    def bump(v):
+        with torch.no_grad():
+            for p in trainer_model.parameters():
+                p.add_(0.01 * v)
+        return {k: t.clone() for k, t in trainer_model.state_dict().items()}
+
+    v1 = bump(1)
+    shared.write(trainer_model, 1)
+    shared.read_into(engine)
+    got = engine.model.state_dict()
+    assert engine.version == 1 and all(torch.equal(got[k], v1[k]) for k in v1)
+    in_use = shared.in_use.value
+    assert {p.data_ptr() for p in engine.model.parameters()} <= ptrs(in_use)     # bound, not copied
+    bump(2)
+    shared.write(trainer_model, 2)                                # goes to the other buffer...
+    assert shared.published.value == 1 - in_use
+    assert all(torch.equal(engine.model.state_dict()[k], v1[k]) for k in v1)   # ...the engine still sees v1
+    v3 = bump(3)
+    shared.write(trainer_model, 3)                                # still not the buffer in use
+    shared.read_into(engine)
+    assert engine.version == 3 and all(torch.equal(engine.model.state_dict()[k], v3[k]) for k in v3)
+    prompt = tok.prompt_ids([{"role": "user", "content": "2+3="}])
+    a = engine.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0)).generations[0].token_ids
+    b = Engine(trainer_model, tok.pad_token_id).generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert a == b.generations[0].token_ids

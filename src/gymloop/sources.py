@@ -134,32 +134,59 @@ class AsyncSource:
         self._thread.join(timeout=30)
 
 
+def _shared_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of a state dict in shared memory; tied names (one tensor) stay one tensor."""
+    by_ptr: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in state.items():
+        key = (v.data_ptr(), tuple(v.shape), v.dtype)
+        if key not in by_ptr:
+            by_ptr[key] = v.detach().clone().share_memory_()
+        out[k] = by_ptr[key]
+    return out
+
+
 class SharedWeights:
-    """A state dict in shared memory with a version counter: the trainer writes, collector
-    processes copy out. Copies happen under a lock, in buckets of tensors, so a reader never
-    sees half of a version."""
+    """Two state-dict buffers in shared memory, so cross-process sync costs one copy: the
+    trainer writes a new version into the buffer the collector is *not* generating from, and
+    the collector re-points its parameters at the newest buffer between batches (no copy).
+
+    One lock orders writes and switches: a reader never sees half of a version, and a writer
+    never touches the buffer in use (it always writes the other one).
+    """
 
     def __init__(self, model: torch.nn.Module, ctx) -> None:
-        self.tensors = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
-        self.version = ctx.Value("q", 0, lock=False)
+        state = model.state_dict()
+        self.buffers = [_shared_copy(state), _shared_copy(state)]
+        self.version = ctx.Value("q", 0, lock=False)        # newest published version
+        self.published = ctx.Value("i", 0, lock=False)      # the buffer that holds it
+        self.in_use = ctx.Value("i", -1, lock=False)        # the buffer the reader points at
         self.lock = ctx.Lock()
 
     def write(self, model: torch.nn.Module, version: int, timeout_s: float = 60.0) -> None:
         if not self.lock.acquire(timeout=timeout_s):
             raise TimeoutError(f"weight sync: could not publish version {version} in {timeout_s:.0f} s")
         try:
+            free = 1 - (self.in_use.value if self.in_use.value >= 0 else self.published.value)
+            dst, done = self.buffers[free], set()
             with torch.no_grad():
                 for k, v in model.state_dict().items():
-                    self.tensors[k].copy_(v)
+                    if dst[k].data_ptr() not in done:       # a tied tensor is copied once
+                        dst[k].copy_(v)
+                        done.add(dst[k].data_ptr())
+            self.published.value = free
             self.version.value = version
         finally:
             self.lock.release()
 
     def read_into(self, engine: Engine, timeout_s: float = 60.0) -> None:
+        """Point the engine's parameters at the newest version (no bytes copied)."""
         if not self.lock.acquire(timeout=timeout_s):
             raise TimeoutError(f"weight sync: could not read weights in {timeout_s:.0f} s")
         try:
-            engine.load_weights(self.tensors, version=self.version.value)
+            b = self.published.value
+            engine.bind_weights(self.buffers[b], version=self.version.value)
+            self.in_use.value = b
         finally:
             self.lock.release()
 

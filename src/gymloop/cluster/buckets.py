@@ -28,7 +28,14 @@ def pack(state: dict[str, torch.Tensor], bucket_bytes: int = 64 << 20) -> tuple[
     can hand them to readers without a copy."""
     groups: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
+    first: dict[tuple, str] = {}           # tied names (one tensor) travel once
+    aliases: dict[str, str] = {}
     for name, t in state.items():
+        key = (t.data_ptr(), tuple(t.shape), t.dtype)
+        if key in first:
+            aliases[name] = first[key]
+            continue
+        first[key] = name
         n = t.numel() * t.element_size()
         if groups[-1] and size + n > bucket_bytes:
             groups.append([])
@@ -46,6 +53,8 @@ def pack(state: dict[str, torch.Tensor], bucket_bytes: int = 64 << 20) -> tuple[
             layout.append(Slot(name, b, off, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
             off += n
         buckets.append(buf.numpy())
+    at = {s.name: s for s in layout}
+    layout += [Slot(name, at[src].bucket, at[src].offset, at[src].dtype, at[src].shape) for name, src in aliases.items()]
     return buckets, layout
 
 

@@ -85,6 +85,24 @@ class Engine:
             self.backend.refresh()
         return copied
 
+    @torch.no_grad()
+    def bind_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Make the model's parameters *be* `weights` (e.g. a shared-memory buffer): nothing
+        is copied, and later writes to those tensors show through, so the owner of the
+        buffer must not write it while this engine generates (SharedWeights ensures that)."""
+        own = self.model.state_dict(keep_vars=True)
+        missing = set(own) - set(weights)
+        if missing:
+            raise KeyError(f"bind_weights: no tensor for {sorted(missing)[:3]}")
+        for name, dst in own.items():
+            src = weights[name]
+            if dst.shape != src.shape or dst.dtype != src.dtype:
+                raise ValueError(f"weight {name!r}: {tuple(src.shape)} {src.dtype} != {tuple(dst.shape)} {dst.dtype}")
+            dst.data = src
+        self.version = version
+        if hasattr(self.backend, "refresh"):
+            self.backend.refresh()
+
 
 __all__ = ["BACKENDS", "Engine", "Generation", "GenerationBatch", "SamplingParams",
            "pick_backend", "sample_next"]
