@@ -120,3 +120,21 @@ def test_a_worker_killed_mid_step_is_replaced_and_no_episode_is_counted_twice(ti
         assert batch.stats.episodes == len(expected)
     finally:
         src.close()
+
+
+def test_asynchronous_ray_rollouts_run_one_step_ahead_and_learn(tmp_path, tiny_model_dir, local_ray, monkeypatch):
+    from gymloop.train import train
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": 30, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0,
+                 "max_staleness": 1},
+        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1},
+        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5}})
+    s = train(cfg, progress=False, echo=lambda m: None)
+    recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    train_recs = [r for r in recs if r["kind"] == "train"]
+    assert [r["staleness"] for r in train_recs[1:]] == [1] * 29      # generated while the trainer trained
+    assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]

@@ -139,13 +139,6 @@ class TrainConfig(_Strict):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where rollouts run.")
 
-    @model_validator(mode="after")
-    def _ray_is_synchronous(self) -> "TrainConfig":
-        if self.cluster.backend == "ray" and self.grpo.max_staleness:
-            raise ValueError("cluster.backend ray runs synchronous rollouts: set grpo.max_staleness to 0 "
-                             "(asynchronous rollouts run with backend local)")
-        return self
-
 
 class ConfigError(ValueError):
     """A configuration file that does not validate; the message names each bad field."""

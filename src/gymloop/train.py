@@ -81,7 +81,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
         from .cluster.ray_backend import RaySource
 
         source = RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                           cfg.cluster, backend=cfg.engine_backend)
+                           cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness)
     elif g.max_staleness == 0:
         source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     else:

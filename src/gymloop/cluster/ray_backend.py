@@ -120,14 +120,15 @@ def shard(tasks: list[Task], n: int) -> list[list[Task]]:
 
 
 class RaySource:
-    """Synchronous rollouts from Ray actors (max_staleness 0)."""
+    """Rollouts from Ray actors: synchronous (max_staleness 0) or one step ahead (>= 1)."""
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, cfg: ClusterConfig,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", max_staleness: int = 0) -> None:
         import ray
 
         self.cfg, self.tok, self.env, self.tasks = cfg, tok, env, tasks
+        self.max_staleness = max_staleness
         self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
         self.model_config = model.config
         self.owns_ray = connect(cfg)
@@ -136,6 +137,7 @@ class RaySource:
         self.publish(model, 0)
         self.workers = [self._spawn() for _ in range(cfg.workers)]
         self._loaded = [-1] * cfg.workers        # weight version each worker was sent
+        self._ahead: dict | None = None          # the next step, already queued (asynchronous mode)
 
     def _spawn(self):
         return self._actor.options(name=None).remote(self.model_config, self.tok, self.env, self.backend)
@@ -154,13 +156,27 @@ class RaySource:
             self._loaded[i] = version
         return w.collect.remote(tasks, self.group, params, self.max_turns)
 
-    def next(self, step: int) -> RolloutBatch:
-        import ray
-
-        t0 = time.perf_counter()
+    def _launch(self, step: int) -> dict:
         params = self.params(step)
         shares = shard(self.tasks(step), len(self.workers))
-        pending = {self._submit(i, s, params): i for i, s in enumerate(shares) if s}
+        return {"step": step, "params": params, "shares": shares,
+                "pending": {self._submit(i, s, params): i for i, s in enumerate(shares) if s}}
+
+    def next(self, step: int) -> RolloutBatch:
+        """Step `step`'s rollouts. With max_staleness >= 1 the next step is queued on the
+        workers before this one is gathered, so they generate while the trainer trains; its
+        rollouts are then one version old."""
+        t0 = time.perf_counter()
+        flight = self._ahead if self._ahead and self._ahead["step"] == step else self._launch(step)
+        self._ahead = self._launch(step + 1) if self.max_staleness else None
+        batch = self._gather(flight)
+        batch.wait_seconds = time.perf_counter() - t0
+        return batch
+
+    def _gather(self, flight: dict) -> RolloutBatch:
+        import ray
+
+        step, params, shares, pending = flight["step"], flight["params"], flight["shares"], flight["pending"]
         results: dict[int, tuple] = {}
         deadline = time.monotonic() + self.cfg.step_timeout_s
         restarts = 0
@@ -177,15 +193,25 @@ class RaySource:
                 if restarts > self.cfg.max_restarts:
                     raise ClusterError(f"step {step}: {restarts} rollout workers died "
                                        f"(cluster.max_restarts {self.cfg.max_restarts}); last: {exc}") from None
-                self.replaced += 1
-                self.workers[i] = self._spawn()
-                self._loaded[i] = -1
+                self._replace(i)
                 pending[self._submit(i, shares[i], params)] = i       # its whole share, again
         order = sorted(results)
         rollouts = [r for i in order for r in results[i][0]]
         stats = merge_stats([results[i][1] for i in order])
         versions = sorted({results[i][2] for i in order})
-        return RolloutBatch(step, rollouts, stats, versions=versions, wait_seconds=time.perf_counter() - t0)
+        return RolloutBatch(step, rollouts, stats, versions=versions)
+
+    def _replace(self, i: int) -> None:
+        """A new actor in slot i. Work queued on the dead one for the step ahead is queued again."""
+        self.replaced += 1
+        self.workers[i] = self._spawn()
+        self._loaded[i] = -1
+        ahead = self._ahead
+        if ahead is not None:
+            for fut, w in list(ahead["pending"].items()):
+                if w == i:
+                    del ahead["pending"][fut]
+                    ahead["pending"][self._submit(i, ahead["shares"][i], ahead["params"])] = i
 
     def close(self) -> None:
         import ray
