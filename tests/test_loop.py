@@ -125,10 +125,10 @@ def _loop_cfg(tmp_path, tiny_model_dir, **kw):
         "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}, **kw})
 
 
-def _feedback(store, task_id, reward):
+def _feedback(store, task_id, reward, env="arith"):
     tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                           completion_tokens=1, latency_s=0.1)
-    store.add_feedback(tid, reward=reward, env="arith", task_id=task_id)
+    store.add_feedback(tid, reward=reward, env=env, task_id=task_id)
 
 
 def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp_path, tiny_model_dir):
@@ -145,6 +145,20 @@ def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp
     assert [(e["env"], e["kind"], e["before"], e["after"]) for e in drift] == [("arith", "production", 0.0, 1.0)]
     assert store.drift_events()[0]["round"] == 1
     assert rounds[0]["metrics"]["curriculum"]["production_per_step"] == 3      # 0.75 of 4, not 0.25
+
+
+def test_a_new_api_version_failing_after_the_old_one_worked_is_drift_of_the_new_version(tmp_path):
+    from gymloop.loop import detect_drift
+
+    store = Store(tmp_path / "loop.db")
+    for i in range(20):
+        _feedback(store, f"tools:apple:{i}:1", 1.0, env="tools@v1")
+    for i in range(20):
+        _feedback(store, f"tools:apple:{i}:1", 0.0 if i % 10 else 1.0, env="tools@v2")
+    cfg = LoopConfig.model_validate({"drift": {"window": 20, "failure_rise": 0.3}})
+    events = detect_drift(cfg, store, 3, {}, {})
+    assert [(e["env"], e["kind"], e["before"], e["after"]) for e in events] == [("tools@v2", "production", 0.0, 0.9)]
+    assert [(e["round"], e["env"]) for e in store.drift_events()] == [(3, "tools@v2")]
 
 
 def test_a_suite_that_dropped_since_promotion_is_a_drift_event(tmp_path, tiny_model_dir):

@@ -59,6 +59,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .recipes import demo_config
 
+    if args.story:
+        from .story import StoryConfig, run_story, story_table
+
+        print("gymloop demo --story: serve nano-agent -> production traffic (openai client) with verifier "
+              "feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
+        summary = run_story(StoryConfig(), run_dir=args.run_dir, progress=not args.quiet)
+        print()
+        print(story_table(summary))
+        print(f"report: {summary['report']}")
+        return 0
     cfg: TrainConfig = demo_config(run_dir=args.run_dir)
     print("gymloop demo: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval "
           "-> serve it to production traffic (openai client) -> report")
@@ -110,7 +120,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tasks = env.sample_tasks(args.tasks, "heldout", seed=args.seed)
     ks = [int(k) for k in args.k.split(",")] if args.k else []
     res = evaluate(Engine(model, tok.pad_token_id, decode=tok.decode), tok, env, tasks,
-                   max_new_tokens=args.max_new_tokens, ks=ks, samples=args.samples or max(ks or [0]))
+                   max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, ks=ks,
+                   samples=args.samples or max(ks or [0]), progress=not args.quiet)
     print(json.dumps(res.as_dict(), indent=2))
     return 0
 
@@ -235,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="pre-train nano (cached), GRPO on arithmetic, serve it, before/after table")
     d.add_argument("--run-dir", default="runs")
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
+    d.add_argument("--story", action="store_true", help="the whole loop: serve, production traffic, rounds, "
+                   "promotions, a tool-API drift and the recovery (nano-agent)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 
@@ -258,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tasks", type=int, default=500)
     e.add_argument("--k", default="", help="comma-separated k values of pass@k")
     e.add_argument("--samples", type=int, default=0)
-    e.add_argument("--max-new-tokens", type=int, default=8)
+    e.add_argument("--max-new-tokens", type=int, default=8, help="most tokens per model turn")
+    e.add_argument("--max-turns", type=int, default=4, help="most model turns per episode (tool calls take turns)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=1)
     e.add_argument("--quiet", action="store_true")

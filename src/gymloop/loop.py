@@ -214,7 +214,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
             started=started, ledger=ledger,
-            metrics={"before": before, "after": after, "why": why, "curriculum": cur_stats, "drift": drift,
+            metrics={"target": target, "before": before, "after": after, "why": why, "curriculum": cur_stats,
+                     "drift": drift,
                      "training": training_stats(summary),
                      "economics": {k: summary["economics"].get(k) for k in
                                    ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})

@@ -12,7 +12,8 @@ from .store import Store
 
 
 def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict:
-    """Spend counts every phase of a round (rollouts, training, the gate's evaluations), since
+    """`target`: the suite trained for, unless a round recorded its own (the environment's
+    version can change between rounds). Spend counts every phase of a round (rollouts, training, the gate's evaluations), since
     all of it is what keeping the model worth serving costs. Intelligence per dollar is held-out
     points of the target suite per dollar: from the base (first round's served model) over the
     cumulative spend, and per promotion over that round's spend."""
@@ -36,7 +37,9 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict
         spent += dollars
         prod = store.production_success(since, r["finished"])
         since = r["finished"]
-        gain_prev = 100 * (m["after"][target] - m["before"][target]) if promoted else 0.0
+        goal = m.get("target", target)      # what the round trained for (it may change: a new API version)
+        gain_prev = 100 * (m["after"][goal] - m["before"][goal]) if promoted else 0.0
+        gained = 100 * (served[goal] - base[goal]) if goal in base else None
         rows.append({
             "round": r["round"], "version": m["version"], "status": r["status"], "why": m.get("why", ""),
             "served_version": m["version"] if promoted else versions.get(m["version"], {}).get("parent"),
@@ -47,21 +50,20 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict
             "seconds": r["finished"] - r["started"], "ledger_seconds": sum(p["seconds"] for p in phases.values()),
             "dollars": dollars, "phase_dollars": {k: p["dollars"] for k, p in phases.items()},
             "cumulative_dollars": spent,
-            "points_from_base": 100 * (served[target] - base.get(target, served[target])),
-            "intelligence_per_dollar": (100 * (served[target] - base[target]) / spent
-                                        if spent > 0 and target in base else None),
+            "target": goal, "points_from_base": gained,
+            "intelligence_per_dollar": gained / spent if gained is not None and spent > 0 else None,
             "promotion_points_per_dollar": gain_prev / dollars if promoted and dollars > 0 else None,
         })
     serving = store.stats()
     last = rows[-1] if rows else None
     return {
-        "kind": "loop", "run_id": run_id, "target": target, "epsilon": epsilon,
+        "kind": "loop", "run_id": run_id, "target": last["target"] if last else target, "epsilon": epsilon,
         "rounds": rows, "drift_events": events,
         "cost_to_maintain": cost_to_maintain(rows, events, epsilon),
         "base_scores": base,
         "served_scores": last["served"] if last else {},
         "post_training_dollars": spent,
-        "points_gained": last["points_from_base"] if last else 0.0,
+        "points_gained": last["points_from_base"] if last else None,
         "intelligence_per_dollar": last["intelligence_per_dollar"] if last else None,
         "promotions": sum(r["status"] == "promoted" for r in rows),
         "served_tokens": serving["served_tokens"], "serving_dollars": serving["serving_dollars"],

@@ -206,8 +206,9 @@ def write_loop_report(loop_dir: str | Path) -> Path:
     charts = [
         # round 0: the model the loop started from
         _lines_chart("Held-out score of the served model per round",
-                     {k: ([0, *xs], [s["base_scores"].get(k, 0.0), *(r["served"].get(k, 0.0) for r in rounds)])
-                      for k in suites}, "pass@1", 0, 1, "round", dots={k: promoted for k in suites}, marks=drift),
+                     {k: ([x for x, y in pts if y is not None], [y for _, y in pts if y is not None])
+                      for k in suites
+                      for pts in [list(zip([0, *xs], [s["base_scores"].get(k), *(r["served"].get(k) for r in rounds)]))]}, "pass@1", 0, 1, "round", dots={k: promoted for k in suites}, marks=drift),
         _lines_chart("Production success rate per round", prod, "success", 0, 1, "round",
                      dots={k: v[0] for k, v in prod.items()}, marks=drift),
         _round_lines("Training reward per round (mean of the first and last tenth of steps)", rounds,
@@ -229,7 +230,8 @@ def write_loop_report(loop_dir: str | Path) -> Path:
         for c in s["cost_to_maintain"]]
     econ = [["quantity", "value"],
             ["post-training spend", _usd(s["post_training_dollars"])],
-            [f"{s['target']} points gained from base", f"{s['points_gained']:+.1f}"],
+            [f"{s['target']} points gained from base",
+             "n/a" if s["points_gained"] is None else f"{s['points_gained']:+.1f}"],
             ["intelligence per dollar", "n/a" if s["intelligence_per_dollar"] is None
              else f"{s['intelligence_per_dollar']:,.1f} held-out points per $"],
             ["promotions", str(s["promotions"])],

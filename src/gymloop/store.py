@@ -206,19 +206,22 @@ class Store:
         return [dict(r) for r in self._conn().execute("SELECT * FROM drift_events ORDER BY id")]
 
     def failure_rates(self, window: int = 50) -> dict[str, tuple[float, float, int]]:
-        """Per environment (name@version): (failure rate of the last `window` rewarded feedback
-        rows, of the `window` before them, rows in the last window)."""
+        """Per environment: (failure rate of the last `window` rewarded feedback rows, of the
+        `window` before them, rows in the last window). Versions of one environment share a
+        history (a tool API update is the same service changing), and the result is keyed by
+        the newest version seen, e.g. `tools@v2` when its failures follow `tools@v1` successes."""
         rows = self._conn().execute(
             "SELECT env, env_version, reward FROM feedback WHERE reward IS NOT NULL AND env IS NOT NULL "
             "ORDER BY id DESC").fetchall()
-        by_env: dict[str, list[float]] = {}
+        by_family: dict[str, tuple[str, list[float]]] = {}
         for r in rows:
             key = _env_key(r["env"], r["env_version"])
-            by_env.setdefault(key, []).append(float(r["reward"] < 1))
+            newest, fails = by_family.setdefault(key.split("@")[0], (key, []))
+            fails.append(float(r["reward"] < 1))
         out = {}
-        for env, fails in by_env.items():
+        for newest, fails in by_family.values():
             recent, prior = fails[:window], fails[window:2 * window]
-            out[env] = (sum(recent) / len(recent), sum(prior) / len(prior) if prior else 0.0, len(recent))
+            out[newest] = (sum(recent) / len(recent), sum(prior) / len(prior) if prior else 0.0, len(recent))
         return out
 
     def production_failures(self, limit: int = 1000) -> list[dict]:

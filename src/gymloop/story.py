@@ -1,0 +1,164 @@
+"""`gymloop demo --story`: the continuous loop, whole, on one machine.
+
+    pre-train nano-agent (cached) -> serve it (OpenAI-compatible API, store-following)
+    -> each round: production traffic through the official `openai` client (tools episodes,
+       the environment's verifier posts each verdict as feedback) -> one loop round (curriculum
+       with the production failures, GRPO, gate, promotion; the server swaps weights live)
+    -> mid-run the tool API changes (tools@v1 -> tools@v2): failures spike, the loop records a
+       drift event, trains on the new failures, and production success recovers.
+
+Production asks train-split tasks (they become training tasks when they fail); the gate's
+suites are held-out tasks, so promotion is judged on problems never trained on.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from pydantic import Field
+
+from .config import EnvSpec, GRPOConfig, SamplingConfig, _Strict
+from .loop import CurriculumConfig, DriftConfig, GateConfig, LoopConfig, run_loop
+from .run import write_json
+
+
+class StoryConfig(_Strict):
+    """The whole-story demo."""
+
+    model: str = Field("nano-agent", description="Base model served and trained.")
+    rounds_before: int = Field(2, ge=1, description="Loop rounds while the tool API is v1.")
+    rounds_after: int = Field(3, ge=1, description="Loop rounds after it changed to v2.")
+    requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
+    concurrency: int = Field(16, ge=1, description="Concurrent production clients.")
+    steps_per_round: int = Field(12, ge=1, description="GRPO steps per round.")
+    prompts_per_step: int = Field(16, ge=1, description="Tasks per GRPO step.")
+    lr: float = Field(5e-5, gt=0, description="GRPO learning rate (what learned on tools; bench/README.md).")
+    temperature: float = Field(0.7, gt=0, description="Rollout sampling temperature.")
+    eval_tasks: int = Field(64, ge=8, description="Held-out tasks per suite at the gate.")
+    seed: int = Field(0, description="Seed.")
+
+
+def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int) -> LoopConfig:
+    return LoopConfig(
+        model=base, store=str(out / "story.db"), run_dir=str(out), name="story", rounds=rounds,
+        env=EnvSpec(name="tools", options={"version": version}, max_turns=3), suites=[],
+        sampling=SamplingConfig(max_new_tokens=100, temperature=cfg.temperature),
+        grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=8,
+                        lr=cfg.lr, warmup_steps=5, betas=(0.9, 0.999)),
+        eval_tasks=cfg.eval_tasks, eval_max_new_tokens=100,
+        # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
+        gate=GateConfig(delta=0.01, epsilon=0.05),
+        curriculum=CurriculumConfig(production_share=0.5, replay_share=0.1),
+        drift=DriftConfig(window=cfg.requests_per_round // 2, failure_rise=0.2, production_share=0.75),
+        seed=cfg.seed)
+
+
+def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
+    """Until the server answers with `version` (it follows the store's promotions)."""
+    deadline = time.monotonic() + timeout_s
+    while batcher.version != version:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"server still on v{batcher.version}, not v{version}, after {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = True,
+              echo: Callable[[str], None] = print) -> dict:
+    from .checkpoint import resolve_model
+    from .envs import make_env
+    from .serve import ServeConfig, build
+    from .serve.background import ServerThread
+    from .store import Store
+    from .traffic import send_traffic
+
+    t0 = time.perf_counter()
+    out = Path(run_dir) / f"story-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    base = str(resolve_model(cfg.model, progress=progress))
+    store = Store(out / "story.db")
+    key = "sk-story-" + secrets.token_hex(8)
+    app, batcher, _ = build(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
+                                        api_keys=[key], poll_s=0.5, default_max_tokens=100))
+    # The base is the first served version, so every production answer names a stored version.
+    store.add_model_version(base, parent=None, status="promoted", scores={})
+    echo(f"story directory: {out}")
+    total = cfg.rounds_before + cfg.rounds_after
+    rows: list[dict] = []
+    try:
+        with ServerThread(app) as url:
+            for r in range(1, total + 2):                # the last pass only measures production
+                version = 1 if r <= cfg.rounds_before else 2
+                if r == cfg.rounds_before + 1:
+                    echo("the tool API changes: tools@v1 -> tools@v2 (renamed tools and arguments, new result format)")
+                _wait_for(batcher, store.promoted()["version"])
+                env = make_env("tools", version=version)
+                tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)
+                traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
+                                       max_tokens=100, max_turns=3)
+                row = {"round": r, "api": env.name, "served_version": batcher.version,
+                       "production_success": traffic.success_rate, "episodes": traffic.episodes,
+                       "errors": len(traffic.errors)}
+                echo(f"production before round {r}: {env.name}, served v{batcher.version}, "
+                     f"success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
+                if r <= total:
+                    rounds = run_loop(_loop_config(cfg, out, base, version, r), progress=progress, echo=echo)
+                    last = rounds[-1]
+                    row.update(status=last["status"], candidate_version=last["metrics"]["version"],
+                               before=last["metrics"]["before"], after=last["metrics"]["after"],
+                               drift=[e["kind"] for e in last["metrics"]["drift"]])
+                rows.append(row)
+    finally:
+        batcher.close()
+        app.state.serving_ledger.flush()
+    loop = json.loads((out / "story" / "summary.json").read_text())
+    loop["cost_per_1m_served_tokens"] = store.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
+    summary = story_summary(cfg, rows, loop, time.perf_counter() - t0)
+    write_json(out / "story.json", summary)
+    return {**summary, "dir": str(out), "report": str(out / "story" / "report.html")}
+
+
+def story_summary(cfg: StoryConfig, rows: list[dict], loop: dict, wall: float) -> dict:
+    """Production success before the drift, at its worst after it, and at the end; the share of
+    the drop recovered. From the rows the run recorded."""
+    pre = [x["production_success"] for x in rows[:cfg.rounds_before]]
+    post = [x["production_success"] for x in rows[cfg.rounds_before:]]
+    before, low, final = pre[-1], min(post), post[-1]
+    drop = before - low
+    return {
+        "rows": rows, "wall_seconds": wall,
+        "pre_drift_success": before, "post_drift_low": low, "final_success": final,
+        "recovered_share": (final - low) / drop if drop > 0 else None,
+        "promotions": loop["promotions"], "drift_events": loop["drift_events"],
+        "cost_to_maintain": loop["cost_to_maintain"],
+        "post_training_dollars": loop["post_training_dollars"],
+        "cost_per_1m_served_tokens": loop["cost_per_1m_served_tokens"],
+    }
+
+
+def story_table(summary: dict) -> str:
+    from .cli import _table
+
+    table = [["round", "tool API", "served", "production success", "candidate", "tools@v1", "tools@v2", "gate"]]
+    for x in summary["rows"]:
+        after = x.get("after", {})
+        table.append([str(x["round"]) if "status" in x else "end", x["api"], f"v{x['served_version']}",
+                      f"{x['production_success']:.1%}", f"v{x['candidate_version']}" if "status" in x else "",
+                      f"{after['tools@v1']:.1%}" if "tools@v1" in after else "",
+                      f"{after['tools@v2']:.1%}" if "tools@v2" in after else "",
+                      (x.get("status", "") + (" (drift: " + ", ".join(x["drift"]) + ")" if x.get("drift") else ""))])
+    rec = summary["recovered_share"]
+    lines = [_table(table), "",
+             f"production success: {summary['pre_drift_success']:.1%} before the API change, "
+             f"{summary['post_drift_low']:.1%} at its lowest after it, {summary['final_success']:.1%} at the end "
+             f"({'n/a' if rec is None else f'{rec:.0%}'} of the drop recovered)"]
+    for c in summary["cost_to_maintain"]:
+        lines.append(f"cost to maintain after the {c['env']} drift ({c['kind']}): ${c['dollars']:.4f}, {c['status']}")
+    cps = summary["cost_per_1m_served_tokens"]
+    lines.append(f"{summary['promotions']} promotions; post-training ${summary['post_training_dollars']:.4f}; "
+                 + (f"${cps:.4f} per 1M served tokens; " if cps is not None else "")
+                 + f"{summary['wall_seconds']:.0f} s")
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""The whole-story demo's mechanics at toy size: a real server following the store, production
+episodes through the openai client with verifier feedback, loop rounds that promote into the
+running server, and the tool API changing mid-run. (That the change is detected as drift is
+tested in test_loop.py: a toy model has no production successes to lose.)"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gymloop.store import Store
+from gymloop.story import StoryConfig, run_story, story_table
+
+
+def test_story_runs_end_to_end_and_records_the_drift(tmp_path, tiny_model_dir):
+    cfg = StoryConfig(model=str(tiny_model_dir), rounds_before=1, rounds_after=1, requests_per_round=10,
+                      concurrency=4, steps_per_round=2, prompts_per_step=2, eval_tasks=8, lr=1e-3)
+    summary = run_story(cfg, run_dir=tmp_path, progress=False, echo=lambda m: None)
+    out = Path(summary["dir"])
+    assert json.loads((out / "story.json").read_text())["rows"] == summary["rows"]
+    rows = summary["rows"]
+    assert [r["api"] for r in rows] == ["tools@v1", "tools@v2", "tools@v2"]    # 2 rounds + the final measure
+    assert all(r["errors"] == 0 and r["episodes"] == 10 for r in rows)
+    store = Store(out / "story.db")
+    assert store.count("feedback") == 30 and store.count("traces") >= 30   # a trace per turn, a verdict per episode
+    # every production answer names a version the store knows
+    versions = {v["version"] for v in store.model_versions()}
+    assert {r["served_version"] for r in rows} <= versions
+    text = story_table(summary)
+    assert "production success:" in text and text.count("tools@v2") >= 2
+    # the rounds trained for the API of their time
+    loop = json.loads((out / "story" / "summary.json").read_text())
+    assert [r["target"] for r in loop["rounds"]] == ["tools@v1", "tools@v2"]
+    assert (out / "story" / "report.html").exists()
