@@ -54,21 +54,25 @@ def test_bad_model_output_gets_an_error_observation_not_a_crash(reply):
 
 # --- versioned tools and drift ----------------------------------------------------------
 def test_tool_api_versions_differ_and_are_recorded(tok):
-    v1, v2 = make_env("tools", version=1), make_env("tools@v2")
-    assert (v1.name, v2.name) == ("tools@v1", "tools@v2")
-    t1, t2 = v1.sample_tasks(5, "heldout", 0), v2.sample_tasks(5, "heldout", 0)
+    v1, v2, v3 = make_env("tools", version=1), make_env("tools@v2"), make_env("tools@v3")
+    assert (v1.name, v2.name, v3.name) == ("tools@v1", "tools@v2", "tools@v3")
+    t1, t2, t3 = (e.sample_tasks(5, "heldout", 0) for e in (v1, v2, v3))
     # the schema reaches the model through the chat template's tool rendering
-    p1 = tok.decode(tok.prompt_ids(v1.reset(t1[0]), tools=v1.tools(t1[0])), skip_special_tokens=False)
-    p2 = tok.decode(tok.prompt_ids(v2.reset(t2[0]), tools=v2.tools(t2[0])), skip_special_tokens=False)
-    assert "get_stock(item) add_stock(item,count)" in p1 and "lookup_item(sku) restock(sku,quantity)" in p2
-    assert "get_stock" not in p2
-    assert all(t.info["version"] == 2 for t in t2)
-    _, s = play(v2, t2[0], v2.gold_turns(t2[0]))
-    assert s.reward == 1.0 and s.components["version"] == 2.0
-    # the v2 result format is different
-    step = v2.step(t2[0], v2.reset(t2[0]) + [{"role": "assistant", "content": v2.gold_turns(t2[0])[0]}],
-                   v2.gold_turns(t2[0])[0])
-    assert '"quantity"' in step.observation[0]["content"] and '"count"' not in step.observation[0]["content"]
+    prompt = lambda e, t: tok.decode(tok.prompt_ids(e.reset(t), tools=e.tools(t)), skip_special_tokens=False)  # noqa: E731
+    p1, p2, p3 = prompt(v1, t1[0]), prompt(v2, t2[0]), prompt(v3, t3[0])
+    assert "get_stock(item) add_stock(item,count)" in p1 and "get_stock(item) add_stock(item,count)" in p2
+    assert "lookup_item(sku) restock(sku,quantity)" in p3 and "get_stock" not in p3
+    assert all(t.info["version"] == 2 for t in t2) and all(t.info["version"] == 3 for t in t3)
+    for env, tasks, v in ((v2, t2, 2.0), (v3, t3, 3.0)):
+        _, s = play(env, tasks[0], env.gold_turns(tasks[0]))
+        assert s.reward == 1.0 and s.components["version"] == v
+        # from v2 on, the result format is different
+        call = env.gold_turns(tasks[0])[0]
+        step = env.step(tasks[0], env.reset(tasks[0]) + [{"role": "assistant", "content": call}], call)
+        assert '"quantity"' in step.observation[0]["content"] and '"count"' not in step.observation[0]["content"]
+    call = v1.gold_turns(t1[0])[0]
+    step = v1.step(t1[0], v1.reset(t1[0]) + [{"role": "assistant", "content": call}], call)
+    assert '"count"' in step.observation[0]["content"]
 
 
 class V1Policy:
@@ -107,12 +111,12 @@ class V1Policy:
 def test_drift_v1_policy_scores_lower_on_v2(tok):
     policy = V1Policy(tok)
     results = {}
-    for name in ("tools@v1", "tools@v2"):
+    for name in ("tools@v1", "tools@v2", "tools@v3"):
         env = make_env(name)
         res = evaluate(policy, tok, env, env.sample_tasks(40, "heldout", 0), max_new_tokens=64, max_turns=3)
         results[res.env] = res.mean_reward
-    assert set(results) == {"tools@v1", "tools@v2"}      # eval output names the version
-    assert results["tools@v1"] == 1.0 and results["tools@v2"] <= 0.2, results
+    assert set(results) == {"tools@v1", "tools@v2", "tools@v3"}      # eval output names the version
+    assert results["tools@v1"] == 1.0 and results["tools@v2"] <= 0.2 and results["tools@v3"] <= 0.2, results
 
 
 def test_multi_turn_rollout_keeps_sampled_ids_and_masks_observations(tok):
@@ -132,7 +136,7 @@ def test_multi_turn_rollout_keeps_sampled_ids_and_masks_observations(tok):
 
 # --- validation, code, humaneval -----------------------------------------------------------
 @needs_bwrap
-@pytest.mark.parametrize("name", list(DESCRIPTIONS) + ["tools@v2"])
+@pytest.mark.parametrize("name", list(DESCRIPTIONS) + ["tools@v2", "tools@v3"])
 def test_validate_every_builtin_environment(name):
     env = make_env(name)
     v = validate(env, n=12)

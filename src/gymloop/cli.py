@@ -62,7 +62,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.story:
         from .story import StoryConfig, run_story, story_table
 
-        print("gymloop demo --story: serve nano-agent -> production traffic (openai client) with verifier "
+        print("gymloop demo --story: serve nano-tools -> production traffic (openai client) with verifier "
               "feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
         summary = run_story(StoryConfig(), run_dir=args.run_dir, progress=not args.quiet)
         print()
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--run-dir", default="runs")
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
     d.add_argument("--story", action="store_true", help="the whole loop: serve, production traffic, rounds, "
-                   "promotions, a tool-API drift and the recovery (nano-agent)")
+                   "promotions, a tool-API drift and the recovery (nano-tools)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 

@@ -1,11 +1,11 @@
 """`gymloop demo --story`: the continuous loop, whole, on one machine.
 
-    pre-train nano-agent (cached) -> serve it (OpenAI-compatible API, store-following)
+    pre-train nano-tools (cached) -> serve it (OpenAI-compatible API, store-following)
     -> each round: production traffic through the official `openai` client (tools episodes,
        the environment's verifier posts each verdict as feedback) -> one loop round (curriculum
        with the production failures, GRPO, gate, promotion; the server swaps weights live)
-    -> mid-run the tool API changes (tools@v1 -> tools@v2): failures spike, the loop records a
-       drift event, trains on the new failures, and production success recovers.
+    -> mid-run the tool API changes (tools@v1 -> tools@v2, a new result format): failures spike,
+       the loop records a drift event, trains on the new failures, and production success recovers.
 
 Production asks train-split tasks (they become training tasks when they fail); the gate's
 suites are held-out tasks, so promotion is judged on problems never trained on.
@@ -29,7 +29,7 @@ from .run import write_json
 class StoryConfig(_Strict):
     """The whole-story demo."""
 
-    model: str = Field("nano-agent", description="Base model served and trained.")
+    model: str = Field("nano-tools", description="Base model served and trained.")
     rounds_before: int = Field(2, ge=1, description="Loop rounds while the tool API is v1.")
     rounds_after: int = Field(3, ge=1, description="Loop rounds after it changed to v2.")
     requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
@@ -53,7 +53,8 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),
         curriculum=CurriculumConfig(production_share=0.5, replay_share=0.1),
-        drift=DriftConfig(window=cfg.requests_per_round // 2, failure_rise=0.2, production_share=0.75),
+        # a window of one round of traffic: the round after the API change compares with the one before
+        drift=DriftConfig(window=cfg.requests_per_round, failure_rise=0.2, production_share=0.75),
         seed=cfg.seed)
 
 
@@ -93,7 +94,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
             for r in range(1, total + 2):                # the last pass only measures production
                 version = 1 if r <= cfg.rounds_before else 2
                 if r == cfg.rounds_before + 1:
-                    echo("the tool API changes: tools@v1 -> tools@v2 (renamed tools and arguments, new result format)")
+                    echo('the tool API changes: tools@v1 -> tools@v2 (results now {"sku", "quantity"})')
                 _wait_for(batcher, store.promoted()["version"])
                 env = make_env("tools", version=version)
                 tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)

@@ -1,11 +1,12 @@
 """`tools`: multi-turn tool use over a simulated inventory service with a versioned API.
 
-Version 2 is "the weekly tool update": `get_stock(item)` became `lookup_item(sku)` and returns
-`{"sku", "quantity"}` instead of `{"item", "count"}`; `add_stock(item, count)` became
-`restock(sku, quantity)`. The tool schemas are given in the prompt through the chat template's `tools`
-(as real agent prompts get them), so a model that reads them can adapt; one that memorised v1
-fails on v2. The version is a config
-value, part of the environment's name (`tools@v2`) and recorded in every task and score.
+The weekly tool updates: version 2 changes the result format (`{"item", "count"}` became
+`{"sku", "quantity"}`; the tools and their arguments are unchanged), version 3 also renames
+the tools and their arguments (`get_stock(item)` became `lookup_item(sku)`,
+`add_stock(item, count)` became `restock(sku, quantity)`). The tool schemas are given in the
+prompt through the chat template's `tools` (as real agent prompts get them), so a model that
+reads them can adapt; one that memorised v1 fails. The version is a config value, part of the
+environment's name (`tools@v2`) and recorded in every task and score.
 
 State is never kept between calls: the inventory of an episode is replayed from the task's
 initial stock and the valid calls in the messages, so the environment can run anywhere.
@@ -33,10 +34,12 @@ class ToolSpec:
     doc: str
 
 
+_V1 = {"get_stock": ToolSpec("get_stock", ("item",), "get", "Units in stock of an item."),
+       "add_stock": ToolSpec("add_stock", ("item", "count"), "add", "Add units of an item; returns the new stock.")}
 API: dict[int, dict[str, ToolSpec]] = {
-    1: {"get_stock": ToolSpec("get_stock", ("item",), "get", "Units in stock of an item."),
-        "add_stock": ToolSpec("add_stock", ("item", "count"), "add", "Add units of an item; returns the new stock.")},
-    2: {"lookup_item": ToolSpec("lookup_item", ("sku",), "get", "Quantity on hand of a SKU."),
+    1: _V1,
+    2: _V1,                     # same tools; only the result format changed
+    3: {"lookup_item": ToolSpec("lookup_item", ("sku",), "get", "Quantity on hand of a SKU."),
         "restock": ToolSpec("restock", ("sku", "quantity"), "add", "Receive units of a SKU; returns the new quantity.")},
 }
 
@@ -63,7 +66,8 @@ class ToolsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1, 2] = Field(1, description="Tool API version (2 = the renamed, reshaped API).")
+    version: Literal[1, 2, 3] = Field(1, description="Tool API version (2: new result format; 3: also "
+                                      "renamed tools and arguments).")
     max_add: int = Field(3, ge=0, le=9, description="Largest number of units a task asks to add.")
     heldout_fraction: float = Field(0.2, gt=0, lt=1, description="Share of problems kept for evaluation.")
 

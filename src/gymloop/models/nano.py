@@ -140,13 +140,6 @@ def preset(name: str) -> NanoConfig:
         PRESETS["nano-tools"] = NanoConfig(
             corpus=[CorpusSpec(name="arith"), CorpusSpec(name="tools", options={"version": 1})],
             steps=400, batch_size=32)
-        # The demo's agent: mostly tools@v1, and tools@v2 rarely (1 episode in 8 of tool use),
-        # like a model that has seen little of the new API: it scores much lower on v2, but
-        # not zero, so RL on v2 has a signal to recover from (from 0% it has none).
-        PRESETS["nano-agent"] = NanoConfig(
-            corpus=[CorpusSpec(name="arith"), CorpusSpec(name="tools", options={"version": 1}, copies=7),
-                    CorpusSpec(name="tools", options={"version": 2})],
-            steps=400, batch_size=32)
     if name not in PRESETS:
         raise ValueError(f"unknown nano preset {name!r}; known: {sorted(PRESETS)}")
     return PRESETS[name]
