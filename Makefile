@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Steady CPU timings: OpenMP threads sleep instead of spinning (FACTS.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo test bench install dev clean-venv
+.PHONY: demo story test bench install dev clean-venv
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -45,6 +45,10 @@ dev: $(VENV)/.dev
 
 demo: $(VENV)/.core
 	$(VENV)/bin/gymloop demo
+
+# The whole loop: serve, production traffic, rounds, promotions, a tool-API drift, recovery.
+story: $(VENV)/.core
+	$(VENV)/bin/gymloop demo --story
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q

@@ -205,9 +205,10 @@ class Store:
     def drift_events(self) -> list[dict]:
         return [dict(r) for r in self._conn().execute("SELECT * FROM drift_events ORDER BY id")]
 
-    def failure_rates(self, window: int = 50) -> dict[str, tuple[float, float, int]]:
+    def failure_rates(self, window: int = 50) -> dict[str, tuple[float, float | None, int, int]]:
         """Per environment: (failure rate of the last `window` rewarded feedback rows, of the
-        `window` before them, rows in the last window). Versions of one environment share a
+        `window` before them (None if none), rows in the last window, rows in the one before).
+        Versions of one environment share a
         history (a tool API update is the same service changing), and the result is keyed by
         the newest version seen, e.g. `tools@v2` when its failures follow `tools@v1` successes."""
         rows = self._conn().execute(
@@ -221,7 +222,8 @@ class Store:
         out = {}
         for newest, fails in by_family.values():
             recent, prior = fails[:window], fails[window:2 * window]
-            out[newest] = (sum(recent) / len(recent), sum(prior) / len(prior) if prior else 0.0, len(recent))
+            out[newest] = (sum(recent) / len(recent), sum(prior) / len(prior) if prior else None,
+                           len(recent), len(prior))
         return out
 
     def production_failures(self, limit: int = 1000) -> list[dict]:
