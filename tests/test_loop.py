@@ -47,6 +47,25 @@ def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_
     assert len(run_loop(cfg, echo=lambda m: None)) == 2
 
 
+def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promoted(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch):
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = LoopConfig.model_validate({
+        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
+        "name": "t", "rounds": 3, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "sampling": {"max_new_tokens": 1}, "lineage": "latest",
+        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
+        "gate": {"delta": 0.2, "epsilon": 0.05}})
+    rounds = run_loop(cfg, echo=lambda m: None)
+    store = Store(cfg.store)
+    assert [r["status"] for r in rounds] == ["promoted", "rejected", "rejected"]
+    versions = {v["version"]: v for v in store.model_versions()}
+    assert [versions[r["metrics"]["version"]]["parent"] for r in rounds] == [1, 2, 3]   # 3 is rejected
+    assert store.promoted()["version"] == 2
+    # the gate compared each candidate with what was served
+    assert rounds[2]["metrics"]["before"] == rounds[1]["metrics"]["before"]
+
+
 def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_model_dir):
     cfg = {"model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
            "name": "crash", "rounds": 4, "env": {"name": "arith"}, "eval_tasks": 10,

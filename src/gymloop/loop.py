@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import Field
 
@@ -79,6 +79,10 @@ class LoopConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
     seed: int = Field(0, description="Seed; round r uses seed * 1000 + r.")
     threads: int = Field(1, ge=1, description="torch CPU threads.")
+    lineage: Literal["promoted", "latest"] = Field(
+        "promoted", description="What a round trains from: the served (promoted) model, or the latest "
+        "candidate, promoted or not, so no round's training is thrown away. The gate always compares "
+        "with the served model.")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's rollouts run.")
@@ -164,6 +168,15 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
     return source, stats
 
 
+def lineage_start(cfg: LoopConfig, store: Store, served: dict) -> dict:
+    """The model version round training starts from (with its optimizer state)."""
+    if cfg.lineage == "latest":
+        done = store.rounds(cfg.name)
+        if done:
+            return store.model_version(done[-1]["metrics"]["version"])
+    return served
+
+
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
     store = Store(cfg.store)
     store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
@@ -184,10 +197,11 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
                 scores = suite_scores(base, suites, cfg)
             vid = store.add_model_version(base, parent=None, status="promoted", scores=scores)
             current = store.model_version(vid)
-        start_dir = current["path"]
         # Re-measured every round: an environment that changed shows up as a drop here.
         with phases.time("gate_evaluation"):
-            before = suite_scores(start_dir, suites, cfg)
+            before = suite_scores(current["path"], suites, cfg)
+        start = lineage_start(cfg, store, current)
+        start_dir = start["path"]
         drift = detect_drift(cfg, store, r, current["scores"], before)
         if drift:
             echo(f"round {r}: drift " + ", ".join(f"{e['env']} ({e['kind']}: {e['before']:.2f} -> {e['after']:.2f})"
@@ -213,7 +227,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         ledger += [{"phase": k, "seconds": sec, "dollars": sec * profile.usd_per_hour / 3600}
                    for k, sec in phases.seconds.items()]
         version = store.commit_round(
-            cfg.name, r, path=candidate, parent=current["version"], status=status, scores=after,
+            cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
             started=started, ledger=ledger,
             metrics={"target": target, "before": before, "after": after, "why": why, "curriculum": cur_stats,
                      "drift": drift,

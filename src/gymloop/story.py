@@ -31,7 +31,7 @@ class StoryConfig(_Strict):
 
     model: str = Field("nano-tools", description="Base model served and trained.")
     rounds_before: int = Field(2, ge=1, description="Loop rounds while the tool API is v1.")
-    rounds_after: int = Field(3, ge=1, description="Loop rounds after it changed to v2.")
+    rounds_after: int = Field(4, ge=1, description="Loop rounds after it changed to v2.")
     requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
     concurrency: int = Field(16, ge=1, description="Concurrent production clients.")
     steps_per_round: int = Field(12, ge=1, description="GRPO steps per round.")
@@ -55,7 +55,9 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         curriculum=CurriculumConfig(production_share=0.5, replay_share=0.1),
         # a window of one round of traffic: the round after the API change compares with the one before
         drift=DriftConfig(window=cfg.requests_per_round, failure_rise=0.2, production_share=0.75),
-        seed=cfg.seed)
+        # Training carries on from the latest candidate: with a gate this noisy (64 tasks), a
+        # rejected round's steps are still progress; production only ever gets promoted models.
+        lineage="latest", seed=cfg.seed)
 
 
 def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
