@@ -62,6 +62,7 @@ def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promo
     versions = {v["version"]: v for v in store.model_versions()}
     assert [versions[r["metrics"]["version"]]["parent"] for r in rounds] == [1, 2, 3]   # 3 is rejected
     assert store.promoted()["version"] == 2
+    assert [r["metrics"]["served_version"] for r in rounds] == [1, 2, 2]
     # the gate compared each candidate with what was served
     assert rounds[2]["metrics"]["before"] == rounds[1]["metrics"]["before"]
 

@@ -229,7 +229,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
             started=started, ledger=ledger,
-            metrics={"target": target, "before": before, "after": after, "why": why, "curriculum": cur_stats,
+            metrics={"target": target, "served_version": current["version"], "trained_from": start["version"],
+                     "before": before, "after": after, "why": why, "curriculum": cur_stats,
                      "drift": drift,
                      "training": training_stats(summary),
                      "economics": {k: summary["economics"].get(k) for k in

@@ -42,7 +42,9 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict
         gained = 100 * (served[goal] - base[goal]) if goal in base else None
         rows.append({
             "round": r["round"], "version": m["version"], "status": r["status"], "why": m.get("why", ""),
-            "served_version": m["version"] if promoted else versions.get(m["version"], {}).get("parent"),
+            # after the round: the candidate if promoted, else whoever served during it
+            "served_version": m["version"] if promoted else m.get(
+                "served_version", versions.get(m["version"], {}).get("parent")),
             "before": m["before"], "after": m["after"], "served": served,
             "production": {env: ok / n for env, (ok, n) in prod.items()},
             "production_requests": {env: n for env, (_, n) in prod.items()},

@@ -30,8 +30,8 @@ class StoryConfig(_Strict):
     """The whole-story demo."""
 
     model: str = Field("nano-tools", description="Base model served and trained.")
-    rounds_before: int = Field(2, ge=1, description="Loop rounds while the tool API is v1.")
-    rounds_after: int = Field(4, ge=1, description="Loop rounds after it changed to v2.")
+    rounds_before: int = Field(1, ge=1, description="Loop rounds while the tool API is v1.")
+    rounds_after: int = Field(5, ge=1, description="Loop rounds after it changed to v2.")
     requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
     concurrency: int = Field(16, ge=1, description="Concurrent production clients.")
     steps_per_round: int = Field(12, ge=1, description="GRPO steps per round.")
