@@ -167,6 +167,15 @@ def test_loop_rounds_are_in_the_ledger_and_add_up(drift_loop):
         assert seconds == pytest.approx(r["finished"] - r["started"], rel=0.05)
         assert row["dollars"] == pytest.approx(seconds * price / 3600)
     assert summary["post_training_dollars"] == pytest.approx(sum(r["dollars"] for r in summary["rounds"]))
+    # projections: the rounds' FLOPs on every other profile, labelled as such
+    flops = sum(p["flops"] for c in costs.values() for p in c.values())
+    assert flops > 0 and summary["flops"] == pytest.approx(flops)
+    others = {k: v for k, v in load_profiles().items() if k != cfg.cost.profile}
+    assert set(summary["projections"]) == set(others)
+    for name, p in summary["projections"].items():
+        seconds = flops / (others[name].peak_flops * cfg.cost.utilisation)
+        assert p["projection"] is True and p["seconds"] == pytest.approx(seconds)
+        assert p["dollars"] == pytest.approx(seconds * others[name].usd_per_hour / 3600)
 
 
 def test_drift_recovery_is_costed_from_the_store(drift_loop):
@@ -194,7 +203,7 @@ def test_loop_report_draws_every_chart(drift_loop):
     dom.feed(page)
     # the production chart has no data in this loop (no traffic); the others are drawn
     assert len(dom.figures) == 7 and set(dom.figures) - set(dom.marks) == {"Production success rate per round"}
-    assert "recovered in round 1" in page and "drift digit" in page
+    assert "recovered in round 1" in page and "drift digit" in page and "Projections to other hardware" in page
 
 
 def test_demo_serves_production_traffic_and_prints_what_summary_json_says(tmp_path, tiny_model_dir):

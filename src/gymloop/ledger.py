@@ -112,15 +112,19 @@ class Ledger:
         }
 
     def project(self, profiles: dict[str, Profile], utilisation: float = 0.4) -> dict:
-        """The same work's cost on other hardware: FLOPs / (peak x utilisation) x price."""
-        flops = sum(e.flops for e in self.entries.values())
-        out = {}
-        for name, p in profiles.items():
-            seconds = flops / (p.peak_flops * utilisation)
-            out[name] = {"projection": True, "seconds": seconds, "dollars": seconds * p.usd_per_hour / 3600,
-                         "assumption": f"{flops:.3g} FLOPs at {utilisation:.0%} of {p.peak_flops:.3g} FLOP/s peak; "
-                                       f"{p.assumption}"}
-        return out
+        """The same work's cost on other hardware (see `project`)."""
+        return project(sum(e.flops for e in self.entries.values()), profiles, utilisation)
+
+
+def project(flops: float, profiles: dict[str, Profile], utilisation: float = 0.4) -> dict:
+    """FLOPs / (peak x utilisation) x price, per profile, labelled as a projection."""
+    out = {}
+    for name, p in profiles.items():
+        seconds = flops / (p.peak_flops * utilisation)
+        out[name] = {"projection": True, "seconds": seconds, "dollars": seconds * p.usd_per_hour / 3600,
+                     "assumption": f"{flops:.3g} FLOPs at {utilisation:.0%} of {p.peak_flops:.3g} FLOP/s peak; "
+                                   f"{p.assumption}"}
+    return out
 
 
 def cost_to_maintain(rounds: list[dict], events: list[dict], epsilon: float) -> list[dict]:

@@ -264,5 +264,8 @@ def training_stats(summary: dict) -> dict:
 def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path) -> Path:
     """summary.json and report.html of the loop so far (rewritten whole after every round)."""
     loop_dir.mkdir(parents=True, exist_ok=True)
-    write_json(loop_dir / "summary.json", loop_summary(store, cfg.name, target, cfg.gate.epsilon))
+    profiles = load_profiles(cfg.cost.profiles_file)
+    others = {k: v for k, v in profiles.items() if k != cfg.cost.profile}
+    write_json(loop_dir / "summary.json", loop_summary(store, cfg.name, target, cfg.gate.epsilon,
+                                                       others, cfg.cost.utilisation))
     return write_loop_report(loop_dir)

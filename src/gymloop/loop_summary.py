@@ -7,14 +7,18 @@ so the numbers a person reads are the store's, never a second bookkeeping.
 """
 from __future__ import annotations
 
-from .ledger import cost_to_maintain
+from .ledger import Profile, cost_to_maintain, project
 from .store import Store
 
 
-def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict:
+def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
+                 profiles: dict[str, Profile] | None = None, utilisation: float = 0.4) -> dict:
     """`target`: the suite trained for, unless a round recorded its own (the environment's
-    version can change between rounds). Spend counts every phase of a round (rollouts, training, the gate's evaluations), since
-    all of it is what keeping the model worth serving costs. Intelligence per dollar is held-out
+    version can change between rounds). `profiles`: other hardware to project the rounds'
+    FLOPs onto, at `utilisation`.
+
+    Spend counts every phase of a round (rollouts, training, the gate's evaluations), since all
+    of it is what keeping the model worth serving costs. Intelligence per dollar is held-out
     points of the target suite per dollar: from the base (first round's served model) over the
     cumulative spend, and per promotion over that round's spend."""
     rounds = store.rounds(run_id)
@@ -68,6 +72,9 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float) -> dict
         "points_gained": last["points_from_base"] if last else None,
         "intelligence_per_dollar": last["intelligence_per_dollar"] if last else None,
         "promotions": sum(r["status"] == "promoted" for r in rows),
+        "flops": sum(p["flops"] for c in costs.values() for p in c.values()),
+        "projections": project(sum(p["flops"] for c in costs.values() for p in c.values()), profiles or {},
+                               utilisation),
         "served_tokens": serving["served_tokens"], "serving_dollars": serving["serving_dollars"],
         "cost_per_1m_served_tokens": serving["cost_per_1m_served_tokens"],
     }

@@ -236,13 +236,17 @@ def write_loop_report(loop_dir: str | Path) -> Path:
              else f"{s['intelligence_per_dollar']:,.1f} held-out points per $"],
             ["promotions", str(s["promotions"])],
             ["cost per 1M served tokens", _usd(s["cost_per_1m_served_tokens"])]]
+    proj = [["profile (projection)", "seconds", "dollars", "assumption"]] + [
+        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]), p["assumption"]] for name, p in s.get("projections", {}).items()]
     note = f"target {s['target']} · {len(rounds)} rounds · {s['promotions']} promoted · gate epsilon {s['epsilon']}"
     page = _page(f"gymloop loop {s['run_id']}", note,
                  f"<h2>Rounds</h2>{_table(table)}<h2>Curves and costs</h2><div class=\"charts\">{''.join(charts)}</div>"
                  f"<h2>Economics</h2>{_table(econ)}"
                  f"<h2>Cost to maintain</h2><p class=\"note\">Dollars from the round a drift was seen until the "
                  f"served score was back within epsilon of its pre-drift value.</p>"
-                 + (_table(maintain) if len(maintain) > 1 else "<p>No drift events.</p>"))
+                 + (_table(maintain) if len(maintain) > 1 else "<p>No drift events.</p>")
+                 + "<h2>Projections to other hardware</h2><p class=\"note\">Estimates from the rounds' FLOPs and an "
+                 f"assumed utilisation, not measurements.</p>{_table(proj)}")
     out = loop_dir / "report.html"
     out.write_text(page)
     return out
