@@ -24,9 +24,9 @@ from gymloop.train import train
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=350)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     args = ap.parse_args()
