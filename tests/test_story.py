@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gymloop.cli import story_table
 from gymloop.store import Store
-from gymloop.story import StoryConfig, run_story, story_table
+from gymloop.story import StoryConfig, run_story
 
 
 def test_story_runs_end_to_end_and_records_the_drift(tmp_path, tiny_model_dir):

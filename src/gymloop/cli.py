@@ -54,13 +54,36 @@ def before_after_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def story_table(summary: dict) -> str:
+    table = [["round", "tool API", "served", "production success", "candidate", "tools@v1", "tools@v2", "gate"]]
+    for x in summary["rows"]:
+        after = x.get("after", {})
+        table.append([str(x["round"]) if "status" in x else "end", x["api"], f"v{x['served_version']}",
+                      f"{x['production_success']:.1%}", f"v{x['candidate_version']}" if "status" in x else "",
+                      f"{after['tools@v1']:.1%}" if "tools@v1" in after else "",
+                      f"{after['tools@v2']:.1%}" if "tools@v2" in after else "",
+                      (x.get("status", "") + (" (drift: " + ", ".join(x["drift"]) + ")" if x.get("drift") else ""))])
+    rec = summary["recovered_share"]
+    lines = [_table(table), "",
+             f"production success: {summary['pre_drift_success']:.1%} before the API change, "
+             f"{summary['post_drift_low']:.1%} at its lowest after it, {summary['final_success']:.1%} at the end "
+             f"({'n/a' if rec is None else f'{rec:.0%}'} of the drop recovered)"]
+    for c in summary["cost_to_maintain"]:
+        lines.append(f"cost to maintain after the {c['env']} drift ({c['kind']}): ${c['dollars']:.4f}, {c['status']}")
+    cps = summary["cost_per_1m_served_tokens"]
+    lines.append(f"{summary['promotions']} promotions; post-training ${summary['post_training_dollars']:.4f}; "
+                 + (f"${cps:.4f} per 1M served tokens; " if cps is not None else "")
+                 + f"{summary['wall_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .config import TrainConfig
     from .demo import run_demo
     from .recipes import demo_config
 
     if args.story:
-        from .story import StoryConfig, run_story, story_table
+        from .story import StoryConfig, run_story
 
         print("gymloop demo --story: serve nano-tools -> production traffic (openai client) with verifier "
               "feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")

@@ -21,35 +21,28 @@ def serve_and_measure(run_dir: Path, cfg: TrainConfig, requests: int, concurrenc
     """Serve the run's checkpoint on loopback, send `requests` held-out episodes, return the
     serving section of the summary (from the store, not from the client's counters)."""
     from .envs import make_env
-    from .serve import ServeConfig, build
-    from .serve.background import ServerThread
+    from .serve import ServeConfig
+    from .serve.background import serving
     from .traffic import send_traffic
 
     key = "sk-demo-" + secrets.token_hex(8)
     scfg = ServeConfig(model=str(run_dir / "checkpoint"), model_name="gymloop-demo", db=str(run_dir / "serve.db"),
                        api_keys=[key], cost_profile=cfg.cost.profile, threads=cfg.threads)
-    app, batcher, store = build(scfg)
     env = make_env(cfg.env.name, **cfg.env.options)
     # Production asks questions the model was never trained on: held-out tasks, another seed.
     tasks = env.sample_tasks(requests, "heldout", seed=cfg.seed + 1)
-    try:
-        with ServerThread(app) as base:
-            traffic = send_traffic(base, key, "gymloop-demo", env, tasks, concurrency=concurrency,
-                                   max_tokens=cfg.eval.max_new_tokens, max_turns=cfg.env.max_turns)
-    finally:
-        batcher.close()
-        app.state.serving_ledger.flush()
+    with serving(scfg) as (base, _, store):
+        traffic = send_traffic(base, key, "gymloop-demo", env, tasks, concurrency=concurrency,
+                               max_tokens=cfg.eval.max_new_tokens, max_turns=cfg.env.max_turns)
     rows = store.ledger_rows("serving")
-    seconds = sum(r["seconds"] for r in rows)
-    dollars = sum(r["dollars"] for r in rows)
-    served = sum(r["served_tokens"] for r in rows)
+    stats = store.stats()          # serving dollars and cost per 1M served tokens, from the same rows
     return {
-        "store": scfg.db, "requests": store.count("traces"), "episodes": traffic.episodes,
+        "store": scfg.db, "requests": stats["traces"], "episodes": traffic.episodes,
         "errors": traffic.errors, "production_success": traffic.success_rate,
         "feedback": store.count("feedback"),
-        "served_tokens": served, "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-        "engine_seconds": seconds, "dollars": dollars,
-        "cost_per_1m_served_tokens": dollars / served * 1e6 if served else None,
+        "served_tokens": sum(r["served_tokens"] for r in rows), "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "engine_seconds": sum(r["seconds"] for r in rows), "dollars": stats["serving_dollars"],
+        "cost_per_1m_served_tokens": stats["cost_per_1m_served_tokens"],
     }
 
 

@@ -49,8 +49,7 @@ def _collect_chunked(engine: Engine, tok: ChatTokenizer, env: Environment, tasks
         p = params if params.seed is None else SamplingParams(**{**params.__dict__, "seed": params.seed + i})
         r, st = collect(engine, tok, env, part, n, p, max_turns=max_turns)
         rolls += r
-        for k in ("episodes", "generated_tokens", "prompt_tokens", "errors", "gen_seconds", "env_seconds"):
-            setattr(total, k, getattr(total, k) + getattr(st, k))
+        total.add(st)
         bar.update(len(part) * n)
     return rolls, total
 

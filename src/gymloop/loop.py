@@ -180,7 +180,8 @@ def lineage_start(cfg: LoopConfig, store: Store, served: dict) -> dict:
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
     store = Store(cfg.store)
     store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
-    profile = load_profiles(cfg.cost.profiles_file)[cfg.cost.profile]
+    profiles = load_profiles(cfg.cost.profiles_file)
+    profile = profiles[cfg.cost.profile]
     target = make_env(cfg.env.name, **cfg.env.options).name
     suites = [target] + [s for s in cfg.suites if s != target]
     loop_dir = Path(cfg.run_dir) / cfg.name
@@ -236,7 +237,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
                      "economics": {k: summary["economics"].get(k) for k in
                                    ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))
-        write_loop_files(store, cfg, target, loop_dir)
+        write_loop_files(store, cfg, target, loop_dir, profiles)
         bar.update(1)
         bar.set_postfix({"served": f"v{version if promote else current['version']}", target: f"{(after if promote else before)[target]:.2f}"})
     bar.close()
@@ -261,10 +262,9 @@ def training_stats(summary: dict) -> dict:
             "generated_tokens": gen_tokens, "tokens_per_s": gen_tokens / gen_s if gen_s > 0 else None}
 
 
-def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path) -> Path:
+def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path, profiles: dict) -> Path:
     """summary.json and report.html of the loop so far (rewritten whole after every round)."""
     loop_dir.mkdir(parents=True, exist_ok=True)
-    profiles = load_profiles(cfg.cost.profiles_file)
     others = {k: v for k, v in profiles.items() if k != cfg.cost.profile}
     write_json(loop_dir / "summary.json", loop_summary(store, cfg.name, target, cfg.gate.epsilon,
                                                        others, cfg.cost.utilisation))

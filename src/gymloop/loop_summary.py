@@ -62,6 +62,7 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
         })
     serving = store.stats()
     last = rows[-1] if rows else None
+    flops = sum(p["flops"] for c in costs.values() for p in c.values())
     return {
         "kind": "loop", "run_id": run_id, "target": last["target"] if last else target, "epsilon": epsilon,
         "rounds": rows, "drift_events": events,
@@ -72,9 +73,7 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
         "points_gained": last["points_from_base"] if last else None,
         "intelligence_per_dollar": last["intelligence_per_dollar"] if last else None,
         "promotions": sum(r["status"] == "promoted" for r in rows),
-        "flops": sum(p["flops"] for c in costs.values() for p in c.values()),
-        "projections": project(sum(p["flops"] for c in costs.values() for p in c.values()), profiles or {},
-                               utilisation),
+        "flops": flops, "projections": project(flops, profiles or {}, utilisation),
         "served_tokens": serving["served_tokens"], "serving_dollars": serving["serving_dollars"],
         "cost_per_1m_served_tokens": serving["cost_per_1m_served_tokens"],
     }

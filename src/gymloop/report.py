@@ -101,6 +101,14 @@ def _usd(x: float | None) -> str:
     return f"${x:.4f}" if x >= 0.01 else f"${x:.3g}"    # small CPU runs cost fractions of a cent
 
 
+def _projections(projections: dict) -> str:
+    """The section on other hardware, always labelled as estimates (ledger.project)."""
+    rows = [["profile (projection)", "seconds", "dollars", "assumption"]] + [
+        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]), p["assumption"]] for name, p in projections.items()]
+    return ("<h2>Projections to other hardware</h2><p class=\"note\">Estimates from FLOPs and an assumed "
+            f"utilisation, not measurements.</p>{_table(rows)}")
+
+
 CSS = f"""
 body {{ font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #1d2330; }}
 h1 {{ font-size: 22px; }} h2 {{ font-size: 17px; margin-top: 28px; }}
@@ -154,16 +162,13 @@ def write_report(run_dir: str | Path) -> Path:
                       ["serving cost", _usd(sv["dollars"])],
                       ["cost per 1M served tokens", _usd(sv["cost_per_1m_served_tokens"])],
                       ["production success (verifier feedback)", f"{sv['production_success']:.1%}"]]
-    proj_rows = [["profile (projection)", "seconds", "dollars", "assumption"]] + [
-        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]), p["assumption"]] for name, p in eco.get("projections", {}).items()]
     note = (f"{summary['env']} · {summary['steps']} steps · {summary['heldout_tasks']} held-out tasks · "
             f"{summary['tokens_generated']:,} tokens generated · {summary['wall_seconds']:.1f} s wall")
     page = _page(f"gymloop run {run_dir.name}", note,
                  f"<h2>Outcome</h2>{outcome}"
                  f"<h2>Curves and costs</h2><div class=\"charts\">{''.join(charts)}</div>"
                  f"<h2>Economics</h2>{_table(econ_rows)}"
-                 "<h2>Projections to other hardware</h2><p class=\"note\">Estimates from FLOPs and an assumed "
-                 f"utilisation, not measurements.</p>{_table(proj_rows)}")
+                 + _projections(eco.get("projections", {})))
     out = run_dir / "report.html"
     out.write_text(page)
     return out
@@ -236,8 +241,6 @@ def write_loop_report(loop_dir: str | Path) -> Path:
              else f"{s['intelligence_per_dollar']:,.1f} held-out points per $"],
             ["promotions", str(s["promotions"])],
             ["cost per 1M served tokens", _usd(s["cost_per_1m_served_tokens"])]]
-    proj = [["profile (projection)", "seconds", "dollars", "assumption"]] + [
-        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]), p["assumption"]] for name, p in s.get("projections", {}).items()]
     note = f"target {s['target']} · {len(rounds)} rounds · {s['promotions']} promoted · gate epsilon {s['epsilon']}"
     page = _page(f"gymloop loop {s['run_id']}", note,
                  f"<h2>Rounds</h2>{_table(table)}<h2>Curves and costs</h2><div class=\"charts\">{''.join(charts)}</div>"
@@ -245,8 +248,7 @@ def write_loop_report(loop_dir: str | Path) -> Path:
                  f"<h2>Cost to maintain</h2><p class=\"note\">Dollars from the round a drift was seen until the "
                  f"served score was back within epsilon of its pre-drift value.</p>"
                  + (_table(maintain) if len(maintain) > 1 else "<p>No drift events.</p>")
-                 + "<h2>Projections to other hardware</h2><p class=\"note\">Estimates from the rounds' FLOPs and an "
-                 f"assumed utilisation, not measurements.</p>{_table(proj)}")
+                 + _projections(s.get("projections", {})))
     out = loop_dir / "report.html"
     out.write_text(page)
     return out

@@ -7,7 +7,7 @@ out of the loss. Text is never re-tokenized for training.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from .chat import ChatTokenizer
@@ -57,6 +57,11 @@ class RolloutStats:
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
     errors: int = 0
+
+    def add(self, other: "RolloutStats") -> None:
+        """Accumulate another batch run after this one (counts and seconds both add)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task],

@@ -73,50 +73,43 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
               echo: Callable[[str], None] = print) -> dict:
     from .checkpoint import resolve_model
     from .envs import make_env
-    from .serve import ServeConfig, build
-    from .serve.background import ServerThread
-    from .store import Store
+    from .serve import ServeConfig
+    from .serve.background import serving
     from .traffic import send_traffic
 
     t0 = time.perf_counter()
     out = Path(run_dir) / f"story-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     base = str(resolve_model(cfg.model, progress=progress))
-    store = Store(out / "story.db")
     key = "sk-story-" + secrets.token_hex(8)
-    app, batcher, _ = build(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
-                                        api_keys=[key], poll_s=0.5, default_max_tokens=100))
-    # The base is the first served version, so every production answer names a stored version.
-    store.add_model_version(base, parent=None, status="promoted", scores={})
     echo(f"story directory: {out}")
     total = cfg.rounds_before + cfg.rounds_after
     rows: list[dict] = []
-    try:
-        with ServerThread(app) as url:
-            for r in range(1, total + 2):                # the last pass only measures production
-                version = 1 if r <= cfg.rounds_before else 2
-                if r == cfg.rounds_before + 1:
-                    echo('the tool API changes: tools@v1 -> tools@v2 (results now {"sku", "quantity"})')
-                _wait_for(batcher, store.promoted()["version"])
-                env = make_env("tools", version=version)
-                tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)
-                traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
-                                       max_tokens=100, max_turns=3)
-                row = {"round": r, "api": env.name, "served_version": batcher.version,
-                       "production_success": traffic.success_rate, "episodes": traffic.episodes,
-                       "errors": len(traffic.errors)}
-                echo(f"production before round {r}: {env.name}, served v{batcher.version}, "
-                     f"success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
-                if r <= total:
-                    rounds = run_loop(_loop_config(cfg, out, base, version, r), progress=progress, echo=echo)
-                    last = rounds[-1]
-                    row.update(status=last["status"], candidate_version=last["metrics"]["version"],
-                               before=last["metrics"]["before"], after=last["metrics"]["after"],
-                               drift=[e["kind"] for e in last["metrics"]["drift"]])
-                rows.append(row)
-    finally:
-        batcher.close()
-        app.state.serving_ledger.flush()
+    with serving(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
+                             api_keys=[key], poll_s=0.5, default_max_tokens=100)) as (url, batcher, store):
+        # The base is the first served version, so every production answer names a stored version.
+        store.add_model_version(base, parent=None, status="promoted", scores={})
+        for r in range(1, total + 2):                # the last pass only measures production
+            version = 1 if r <= cfg.rounds_before else 2
+            if r == cfg.rounds_before + 1:
+                echo('the tool API changes: tools@v1 -> tools@v2 (results now {"sku", "quantity"})')
+            _wait_for(batcher, store.promoted()["version"])
+            env = make_env("tools", version=version)
+            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)
+            traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
+                                   max_tokens=100, max_turns=3)
+            row = {"round": r, "api": env.name, "served_version": batcher.version,
+                   "production_success": traffic.success_rate, "episodes": traffic.episodes,
+                   "errors": len(traffic.errors)}
+            echo(f"production before round {r}: {env.name}, served v{batcher.version}, "
+                 f"success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
+            if r <= total:
+                rounds = run_loop(_loop_config(cfg, out, base, version, r), progress=progress, echo=echo)
+                last = rounds[-1]
+                row.update(status=last["status"], candidate_version=last["metrics"]["version"],
+                           before=last["metrics"]["before"], after=last["metrics"]["after"],
+                           drift=[e["kind"] for e in last["metrics"]["drift"]])
+            rows.append(row)
     loop = json.loads((out / "story" / "summary.json").read_text())
     loop["cost_per_1m_served_tokens"] = store.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
     summary = story_summary(cfg, rows, loop, time.perf_counter() - t0)
@@ -140,28 +133,3 @@ def story_summary(cfg: StoryConfig, rows: list[dict], loop: dict, wall: float) -
         "post_training_dollars": loop["post_training_dollars"],
         "cost_per_1m_served_tokens": loop["cost_per_1m_served_tokens"],
     }
-
-
-def story_table(summary: dict) -> str:
-    from .cli import _table
-
-    table = [["round", "tool API", "served", "production success", "candidate", "tools@v1", "tools@v2", "gate"]]
-    for x in summary["rows"]:
-        after = x.get("after", {})
-        table.append([str(x["round"]) if "status" in x else "end", x["api"], f"v{x['served_version']}",
-                      f"{x['production_success']:.1%}", f"v{x['candidate_version']}" if "status" in x else "",
-                      f"{after['tools@v1']:.1%}" if "tools@v1" in after else "",
-                      f"{after['tools@v2']:.1%}" if "tools@v2" in after else "",
-                      (x.get("status", "") + (" (drift: " + ", ".join(x["drift"]) + ")" if x.get("drift") else ""))])
-    rec = summary["recovered_share"]
-    lines = [_table(table), "",
-             f"production success: {summary['pre_drift_success']:.1%} before the API change, "
-             f"{summary['post_drift_low']:.1%} at its lowest after it, {summary['final_success']:.1%} at the end "
-             f"({'n/a' if rec is None else f'{rec:.0%}'} of the drop recovered)"]
-    for c in summary["cost_to_maintain"]:
-        lines.append(f"cost to maintain after the {c['env']} drift ({c['kind']}): ${c['dollars']:.4f}, {c['status']}")
-    cps = summary["cost_per_1m_served_tokens"]
-    lines.append(f"{summary['promotions']} promotions; post-training ${summary['post_training_dollars']:.4f}; "
-                 + (f"${cps:.4f} per 1M served tokens; " if cps is not None else "")
-                 + f"{summary['wall_seconds']:.0f} s")
-    return "\n".join(lines)

@@ -140,7 +140,7 @@ class RaySource:
         self._ahead: dict | None = None          # the next step, already queued (asynchronous mode)
 
     def _spawn(self):
-        return self._actor.options(name=None).remote(self.model_config, self.tok, self.env, self.backend)
+        return self._actor.remote(self.model_config, self.tok, self.env, self.backend)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         import ray

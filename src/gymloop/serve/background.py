@@ -6,6 +6,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def free_port() -> int:
@@ -43,3 +45,19 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.srv.should_exit = True
         self.thread.join(5)
+
+
+@contextmanager
+def serving(cfg) -> Iterator[tuple[str, object, object]]:
+    """`with serving(ServeConfig(...)) as (base_url, batcher, store):` builds the server, serves it
+    on loopback in a thread, and on exit stops it, closes the batcher and flushes the serving
+    ledger, so the last seconds of serving are priced too."""
+    from . import build
+
+    app, batcher, store = build(cfg)
+    try:
+        with ServerThread(app) as url:
+            yield url, batcher, store
+    finally:
+        batcher.close()
+        app.state.serving_ledger.flush()
