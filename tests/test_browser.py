@@ -74,18 +74,14 @@ def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
 
 
 def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
-    from test_train import DigitEnv
+    from test_train import DigitEnv, digit_loop_cfg
 
     from gymloop.envs import REGISTRY
-    from gymloop.loop import LoopConfig, run_loop
+    from gymloop.loop import run_loop
     from gymloop.store import Store
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = LoopConfig.model_validate({
-        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "seen", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-        "sampling": {"max_new_tokens": 1}, "grpo": {"steps": 10, "prompts_per_step": 8, "group_size": 8,
-                                                    "lr": 3e-2, "warmup_steps": 0}})
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 10}, name="seen", rounds=2)
     store = Store(cfg.store)
     store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
     for i in range(6):       # production traffic with verdicts, so the success chart has points

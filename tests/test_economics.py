@@ -133,20 +133,16 @@ def test_cost_to_maintain_sums_rounds_until_the_score_is_back():
 def drift_loop(tmp_path_factory, tiny_model_dir):
     """A two-round loop on the learnable digit task whose served model had scored 0.9 before the
     world changed: round 1 sees the drop (a drift event), trains, and is promoted."""
-    from test_train import DigitEnv
+    from test_train import DigitEnv, digit_loop_cfg
 
     from gymloop.envs import REGISTRY
-    from gymloop.loop import LoopConfig, run_loop
+    from gymloop.loop import run_loop
     from gymloop.store import Store
 
     root = tmp_path_factory.mktemp("loop")
     REGISTRY["digit"] = lambda **kw: DigitEnv()
     try:
-        cfg = LoopConfig.model_validate({
-            "model": str(tiny_model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),
-            "name": "drifty", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-            "sampling": {"max_new_tokens": 1}, "gate": {"delta": 0.2, "epsilon": 0.05},
-            "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0}})
+        cfg = digit_loop_cfg(root, tiny_model_dir, name="drifty", rounds=2, gate={"delta": 0.2, "epsilon": 0.05})
         store = Store(cfg.store)
         store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
         rounds = run_loop(cfg, echo=lambda m: None)

@@ -13,7 +13,7 @@ from gymloop.envs import REGISTRY
 from gymloop.loop import GateConfig, LoopConfig, gate, run_loop
 from gymloop.store import Store
 
-from test_train import DigitEnv
+from test_train import DigitEnv, digit_loop_cfg
 
 
 def test_gate_by_hand():
@@ -27,12 +27,7 @@ def test_gate_by_hand():
 
 def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = LoopConfig.model_validate({
-        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "t", "rounds": 2, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
-        "gate": {"delta": 0.2, "epsilon": 0.05}})
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, rounds=2, gate={"delta": 0.2, "epsilon": 0.05})
     rounds = run_loop(cfg, echo=lambda m: None)
     store = Store(cfg.store)
     assert [r["round"] for r in rounds] == [1, 2]
@@ -50,12 +45,7 @@ def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_
 def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promoted(tmp_path, tiny_model_dir,
                                                                                     monkeypatch):
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = LoopConfig.model_validate({
-        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "t", "rounds": 3, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-        "sampling": {"max_new_tokens": 1}, "lineage": "latest",
-        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
-        "gate": {"delta": 0.2, "epsilon": 0.05}})
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, rounds=3, lineage="latest", gate={"delta": 0.2, "epsilon": 0.05})
     rounds = run_loop(cfg, echo=lambda m: None)
     store = Store(cfg.store)
     assert [r["status"] for r in rounds] == ["promoted", "rejected", "rejected"]

@@ -19,7 +19,7 @@ from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
 from gymloop.envs import REGISTRY, Score  # noqa: E402
 
 import test_train  # noqa: E402
-from test_train import DigitEnv  # noqa: E402
+from test_train import DigitEnv, _digit_cfg, digit_loop_cfg  # noqa: E402
 
 # The workers are other processes: they get the test's environment classes by value.
 ray.cloudpickle.register_pickle_by_value(test_train)
@@ -43,13 +43,9 @@ def local_ray():
     assert ray_processes() == [], "Ray left processes behind"
 
 
-def _cfg(tmp_path, tiny_model_dir, steps=30, **cluster):
-    return TrainConfig.model_validate({
-        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": steps, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
-        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1},
-        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5, **cluster}})
+def _cfg(tmp_path, tiny_model_dir, grpo: dict | None = None, **cluster) -> TrainConfig:
+    cfg = _digit_cfg(tmp_path, tiny_model_dir, **{"steps": 30, **(grpo or {})})
+    return cfg.model_copy(update={"cluster": ClusterConfig(backend="ray", workers=2, worker_cpus=0.5, **cluster)})
 
 
 def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_model_dir, monkeypatch):
@@ -67,15 +63,11 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_m
 
 
 def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_ray, monkeypatch):
-    from gymloop.loop import LoopConfig, run_loop
+    from gymloop.loop import run_loop
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = LoopConfig.model_validate({
-        "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "ray", "rounds": 1, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": 30, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0},
-        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5}})
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 30}, name="ray",
+                         cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5})
     [round1] = run_loop(cfg, echo=lambda m: None)
     [run_dir] = [p for p in (tmp_path / "runs" / "ray").iterdir() if p.name.startswith("round-0001")]
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -126,13 +118,7 @@ def test_asynchronous_ray_rollouts_run_one_step_ahead_and_learn(tmp_path, tiny_m
     from gymloop.train import train
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = TrainConfig.model_validate({
-        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": 30, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0,
-                 "max_staleness": 1},
-        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1},
-        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5}})
+    cfg = _cfg(tmp_path, tiny_model_dir, grpo={"max_staleness": 1})
     s = train(cfg, progress=False, echo=lambda m: None)
     recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in recs if r["kind"] == "train"]

@@ -192,6 +192,19 @@ def _digit_cfg(tmp_path, tiny_model_dir, **grpo):
         "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1}})
 
 
+def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
+    """A loop config on the digit task (register DigitEnv as "digit" first); `over` replaces
+    top-level fields, `grpo` is merged into the GRPO settings."""
+    from gymloop.loop import LoopConfig
+
+    return LoopConfig.model_validate({
+        "model": str(model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),
+        "name": "t", "rounds": 1, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "sampling": {"max_new_tokens": 1},
+        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **(grpo or {})},
+        **over})
+
+
 @pytest.fixture()
 def digit_env(monkeypatch):
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
