@@ -48,7 +48,7 @@ demo: $(VENV)/.core
 
 # The whole loop: serve, production traffic, rounds, promotions, a tool-API drift, recovery.
 story: $(VENV)/.core
-	$(VENV)/bin/gymloop demo --story
+	$(VENV)/bin/gymloop demo --only loop
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q

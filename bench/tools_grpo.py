@@ -24,20 +24,22 @@ from gymloop.train import train
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="nano-tools", help="preset name or model directory")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--max-new-tokens", type=int, default=40, help="per turn (a tool call is ~15 tokens)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = TrainConfig(
-        model="nano-tools", name="tools-grpo", run_dir=tempfile.mkdtemp(),
+        model=args.model, name="tools-grpo", run_dir=tempfile.mkdtemp(),
         env=EnvSpec(name="tools", options={"version": 1}, max_turns=3),
-        sampling=SamplingConfig(max_new_tokens=100, temperature=args.temperature),
+        sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
         grpo=GRPOConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=8, lr=args.lr, warmup_steps=10,
                         betas=(0.9, 0.999), max_staleness=args.max_staleness),
-        eval=EvalConfig(tasks=64, every=25, max_new_tokens=100),
+        eval=EvalConfig(tasks=64, every=25, max_new_tokens=args.max_new_tokens),
     )
     s = train(cfg, progress=True, echo=print)
     model, tok = load_model(f"{s['run_dir']}/checkpoint")
@@ -45,12 +47,13 @@ def main() -> None:
     drift = {}
     for name in ("tools@v2", "tools@v3"):
         env = make_env(name)
-        drift[name] = evaluate(engine, tok, env, env.sample_tasks(64, "heldout", 0), max_new_tokens=100, max_turns=3)
+        drift[name] = evaluate(engine, tok, env, env.sample_tasks(64, "heldout", 0),
+                               max_new_tokens=args.max_new_tokens, max_turns=3)
     rows = [["suite", "base success", "after GRPO", "change"],
             ["tools@v1 (trained)", f"{s['base']['pass1']:.1%}", f"{s['final']['pass1']:.1%}",
              f"{100 * (s['final']['pass1'] - s['base']['pass1']):+.1f} pts"]]
     rows += [[f"{name} (drifted API)", "", f"{r.pass1:.1%}", ""] for name, r in drift.items()]
-    print(f"GRPO on tools@v1, nano-tools, {s['steps']} steps, 64 held-out tasks (greedy, <= 3 turns)")
+    print(f"GRPO on tools@v1, {args.model}, {s['steps']} steps, 64 held-out tasks (greedy, <= 3 turns)")
     print(common.table(rows))
     print("held-out success curve:", [(c["step"], round(c["pass1"], 3)) for c in s["pass1_curve"]])
     common.save("tools_grpo", {"summary": {k: s[k] for k in ("base", "final", "steps", "pass1_curve", "wall_seconds")},

@@ -36,3 +36,26 @@ def test_padding_side_is_saved(tmp_path):
 
     build_char_tokenizer().save_pretrained(tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path).padding_side == "left"
+
+
+def test_nano_tokenizer_keeps_digits_single_and_shortens_tool_calls(tok):
+    from gymloop.envs import make_env, play
+    from gymloop.models.nano import nano_tokenizer
+
+    nano = nano_tokenizer()
+    text = "def f(x):\n    return {'a': [12, 345]}  # ok, MixedCase"
+    assert nano.decode(nano.encode(text)) == text
+    # every digit is a token of its own, as in Llama's tokenizer: arithmetic sees each digit
+    digits = [t for t in nano.hf.convert_ids_to_tokens(nano.encode("907+1234=")) if any(c.isdigit() for c in t)]
+    assert digits == list("9071234")
+    env = make_env("tools", version=1)
+    task = env.sample_tasks(1, "heldout", 0)[0]
+    msgs, score = play(env, task, env.gold_turns(task))
+    ids, mask = nano.sft_ids(msgs, tools=env.tools(task))
+    chars, _ = tok.sft_ids(msgs, tools=env.tools(task))
+    assert score.reward == 1.0 and nano.decode(ids, skip_special_tokens=False) == tok.decode(chars, skip_special_tokens=False)
+    assert len(ids) * 3 < len(chars)          # sub-words: the episode is over 3x shorter
+    # multi-turn continuations still append exactly (the rollout never re-tokenizes the model's text)
+    cont = nano.continuation_ids(msgs[:-2], msgs[-2:-1], tools=env.tools(task))
+    assert nano.decode(cont, skip_special_tokens=False).startswith("<|tool|>")
+    assert nano_tokenizer().hf.get_vocab() == nano.hf.get_vocab()      # deterministic

@@ -78,28 +78,29 @@ def story_table(summary: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .config import TrainConfig
+    """Two chapters: the loop that learns (arithmetic, the foundation) and the loop that never
+    stops (serve, production traffic, rounds, a tool-API drift, the recovery). Every table is
+    printed from the summary files the runs wrote, not from memory."""
     from .demo import run_demo
     from .recipes import demo_config
+    from .story import StoryConfig, run_story
 
-    if args.story:
-        from .story import StoryConfig, run_story
-
-        print("gymloop demo --story: serve nano-tools -> production traffic (openai client) with verifier "
-              "feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
-        summary = run_story(StoryConfig(), run_dir=args.run_dir, progress=not args.quiet)
+    quiet = args.quiet
+    if args.only in (None, "learn"):
+        print("gymloop demo, chapter 1, learn: pre-train nano (cached) -> GRPO on 2-digit addition "
+              "-> held-out eval -> serve it to production traffic (openai client) -> report")
+        summary = run_demo(demo_config(run_dir=args.run_dir), progress=not quiet, requests=args.requests)
+        print()
+        print(before_after_table(summary))
+        print(f"report: {Path(summary['run_dir']) / 'report.html'}")
+        print()
+    if args.only in (None, "loop"):
+        print("gymloop demo, chapter 2, the loop: serve nano-tools -> production traffic (openai client) with "
+              "verifier feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
+        summary = run_story(StoryConfig(), run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
-        return 0
-    cfg: TrainConfig = demo_config(run_dir=args.run_dir)
-    print("gymloop demo: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval "
-          "-> serve it to production traffic (openai client) -> report")
-    # The table is printed from the summary.json the run wrote, not from memory.
-    summary = run_demo(cfg, progress=not args.quiet, requests=args.requests)
-    print()
-    print(before_after_table(summary))
-    print(f"report: {Path(summary['run_dir']) / 'report.html'}")
     return 0
 
 
@@ -266,11 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="pre-train nano (cached), GRPO on arithmetic, serve it, before/after table")
+    d = sub.add_parser("demo", help="chapter 1: GRPO on arithmetic, before/after; chapter 2: the continuous "
+                       "loop (serve, production traffic, rounds, a tool-API drift, recovery)")
     d.add_argument("--run-dir", default="runs")
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
-    d.add_argument("--story", action="store_true", help="the whole loop: serve, production traffic, rounds, "
-                   "promotions, a tool-API drift and the recovery (nano-tools)")
+    d.add_argument("--only", choices=["learn", "loop"], default=None,
+                   help="one chapter: learn (GRPO on arithmetic) or loop (the continuous loop and the drift)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 

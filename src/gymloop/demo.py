@@ -1,6 +1,7 @@
-"""`gymloop demo`: pre-train nano (cached) -> GRPO on 2-digit addition -> held-out eval ->
-serve the trained model behind the OpenAI-compatible API and send it production traffic
-through the official `openai` client, with the verifier's verdicts as feedback -> report.
+"""`gymloop demo` chapter 1 (`--only learn`): pre-train nano (cached) -> GRPO on 2-digit
+addition -> held-out eval -> serve the trained model behind the OpenAI-compatible API and
+send it production traffic through the official `openai` client, with the verifier's
+verdicts as feedback -> report.
 
 The serving numbers (requests, served tokens, cost per 1M served tokens, production success)
 are read back from the store's ledger and written into the run's summary.json, which the

@@ -1,4 +1,4 @@
-"""`gymloop demo --story`: the continuous loop, whole, on one machine.
+"""`gymloop demo` chapter 2 (`--only loop`): the continuous loop, whole, on one machine.
 
     pre-train nano-tools (cached) -> serve it (OpenAI-compatible API, store-following)
     -> each round: production traffic through the official `openai` client (tools episodes,
@@ -38,6 +38,8 @@ class StoryConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1, description="Tasks per GRPO step.")
     lr: float = Field(5e-5, gt=0, description="GRPO learning rate (what learned on tools; bench/README.md).")
     temperature: float = Field(0.7, gt=0, description="Rollout sampling temperature.")
+    max_new_tokens: int = Field(40, ge=1, description="Tokens per model turn, in training, evaluation and "
+                                "production (a nano tool call is ~15 sub-word tokens).")
     eval_tasks: int = Field(64, ge=8, description="Held-out tasks per suite at the gate.")
     seed: int = Field(0, description="Seed.")
 
@@ -46,10 +48,10 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
     return LoopConfig(
         model=base, store=str(out / "story.db"), run_dir=str(out), name="story", rounds=rounds,
         env=EnvSpec(name="tools", options={"version": version}, max_turns=3), suites=[],
-        sampling=SamplingConfig(max_new_tokens=100, temperature=cfg.temperature),
+        sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
         grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=8,
                         lr=cfg.lr, warmup_steps=5, betas=(0.9, 0.999)),
-        eval_tasks=cfg.eval_tasks, eval_max_new_tokens=100,
+        eval_tasks=cfg.eval_tasks, eval_max_new_tokens=cfg.max_new_tokens,
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),
         curriculum=CurriculumConfig(production_share=0.5, replay_share=0.1),
@@ -86,7 +88,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     total = cfg.rounds_before + cfg.rounds_after
     rows: list[dict] = []
     with serving(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
-                             api_keys=[key], poll_s=0.5, default_max_tokens=100)) as (url, batcher, store):
+                             api_keys=[key], poll_s=0.5, default_max_tokens=cfg.max_new_tokens)) as (url, batcher, store):
         # The base is the first served version, so every production answer names a stored version.
         store.add_model_version(base, parent=None, status="promoted", scores={})
         for r in range(1, total + 2):                # the last pass only measures production
@@ -97,7 +99,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
             env = make_env("tools", version=version)
             tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)
             traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
-                                   max_tokens=100, max_turns=3)
+                                   max_tokens=cfg.max_new_tokens, max_turns=3)
             row = {"round": r, "api": env.name, "served_version": batcher.version,
                    "production_success": traffic.success_rate, "episodes": traffic.episodes,
                    "errors": len(traffic.errors)}

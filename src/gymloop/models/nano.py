@@ -7,6 +7,7 @@ base that already solves everything leaves nothing to learn).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,13 +19,21 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..algorithms.sft import sft_loss
-from ..chat import ChatTokenizer, build_char_tokenizer
+from ..chat import NANO_CHAT_TEMPLATE, ChatTokenizer, build_char_tokenizer, train_nano_tokenizer
 from ..envs import make_env, play
 from ..logprobs import make_batch, token_logprobs
 from ..progress import progress as progress_bar
 
-# Bump when the pre-training code or the tokenizer's template changes what gets cached.
-RECIPE_VERSION = 2
+# Bump when the pre-training code changes what gets cached (the tokenizer enters the key itself).
+RECIPE_VERSION = 3
+
+# The tokenizer's training text: gold episodes of every built-in generator and tool-API version,
+# as a real tokenizer is trained on broad text, so one vocabulary serves every nano variant and
+# a tool-API change finds its new words already in the vocabulary (what changes is the model).
+TOKENIZER_CORPUS = (("arith", {}), ("tools", {"version": 1}), ("tools", {"version": 2}),
+                    ("tools", {"version": 3}))
+TOKENIZER_EPISODES = 300     # per generator; the vocabulary stops growing well before
+TOKENIZER_VOCAB = 512        # an upper bound: these corpora saturate at a few hundred sub-words
 
 
 class CorpusSpec(BaseModel):
@@ -59,12 +68,38 @@ class NanoConfig(BaseModel):
     seed: int = Field(0, description="Seed of initialisation and corpus sampling.")
 
     def key(self) -> str:
-        blob = json.dumps({"recipe": RECIPE_VERSION, **self.model_dump()}, sort_keys=True)
+        tokenizer = hashlib.sha256(_nano_tokenizer_json().encode()).hexdigest()
+        blob = json.dumps({"recipe": RECIPE_VERSION, "tokenizer": tokenizer, **self.model_dump()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("GYMLOOP_CACHE", Path.home() / ".cache" / "gymloop"))
+
+
+@functools.lru_cache(maxsize=1)
+def _nano_tokenizer_json() -> str:
+    texts = []
+    rng = random.Random(0)
+    renderer = ChatTokenizer(build_char_tokenizer())
+    for name, options in TOKENIZER_CORPUS:
+        env = make_env(name, **options)
+        for _ in range(TOKENIZER_EPISODES):
+            task = env.draw(rng, "train")
+            msgs, _ = play(env, task, env.gold_turns(task))
+            texts.append(renderer.render(msgs, add_generation_prompt=False, tools=env.tools(task)))
+    return train_nano_tokenizer(texts, TOKENIZER_VOCAB).backend_tokenizer.to_str()
+
+
+def nano_tokenizer() -> ChatTokenizer:
+    """The nano model's sub-word tokenizer (trained locally in ~0.1 s; a fresh copy per call)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_nano_tokenizer_json()),
+                                 pad_token="<|pad|>", eos_token="<|end|>", padding_side="left")
+    hf.chat_template = NANO_CHAT_TEMPLATE
+    return ChatTokenizer(hf)
 
 
 def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
@@ -97,7 +132,7 @@ def corpus_batch(envs: list, tok: ChatTokenizer, rng: random.Random, n: int, los
 
 def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, ChatTokenizer, dict]:
     """Pre-train from random weights for `cfg.steps` steps; returns model, tokenizer, stats."""
-    tok = ChatTokenizer(build_char_tokenizer())
+    tok = nano_tokenizer()
     model = build_model(cfg, tok).train()
     envs = [make_env(c.name, **c.options) for c in cfg.corpus for _ in range(c.copies)]
     rng = random.Random(cfg.seed)
