@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"])
+    ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=40, help="per turn (a tool call is ~15 tokens)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -38,8 +40,9 @@ def main() -> None:
         env=EnvSpec(name="tools", options={"version": 1}, max_turns=3),
         sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
         grpo=GRPOConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=8, lr=args.lr, warmup_steps=10,
+                        lr_schedule=args.lr_schedule,
                         betas=(0.9, 0.999), max_staleness=args.max_staleness),
-        eval=EvalConfig(tasks=64, every=25, max_new_tokens=args.max_new_tokens),
+        eval=EvalConfig(tasks=args.eval_tasks, every=25, max_new_tokens=args.max_new_tokens),
     )
     s = train(cfg, progress=True, echo=print)
     model, tok = load_model(f"{s['run_dir']}/checkpoint")
@@ -47,13 +50,13 @@ def main() -> None:
     drift = {}
     for name in ("tools@v2", "tools@v3"):
         env = make_env(name)
-        drift[name] = evaluate(engine, tok, env, env.sample_tasks(64, "heldout", 0),
+        drift[name] = evaluate(engine, tok, env, env.sample_tasks(args.eval_tasks, "heldout", 0),
                                max_new_tokens=args.max_new_tokens, max_turns=3)
     rows = [["suite", "base success", "after GRPO", "change"],
             ["tools@v1 (trained)", f"{s['base']['pass1']:.1%}", f"{s['final']['pass1']:.1%}",
              f"{100 * (s['final']['pass1'] - s['base']['pass1']):+.1f} pts"]]
     rows += [[f"{name} (drifted API)", "", f"{r.pass1:.1%}", ""] for name, r in drift.items()]
-    print(f"GRPO on tools@v1, {args.model}, {s['steps']} steps, 64 held-out tasks (greedy, <= 3 turns)")
+    print(f"GRPO on tools@v1, {args.model}, {s['steps']} steps, {args.eval_tasks} held-out tasks (greedy, <= 3 turns)")
     print(common.table(rows))
     print("held-out success curve:", [(c["step"], round(c["pass1"], 3)) for c in s["pass1_curve"]])
     common.save("tools_grpo", {"summary": {k: s[k] for k in ("base", "final", "steps", "pass1_curve", "wall_seconds")},

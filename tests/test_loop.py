@@ -89,10 +89,10 @@ def test_bad_loop_config_is_a_clear_error(tmp_path, capsys):
     from gymloop.cli import main
 
     p = tmp_path / "bad.yaml"
-    p.write_text(yaml.safe_dump({"rounds": 0, "gate": {"delta": -1}}))
+    p.write_text(yaml.safe_dump({"rounds": 0, "gate": {"delta": -1}, "grpo": {"lr_schedule": "cosine"}}))
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err
-    assert "rounds" in err and "gate.delta" in err
+    assert "rounds" in err and "gate.delta" in err and "lr_schedule must be 'constant' in a loop" in err
 
 
 def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):

@@ -110,6 +110,7 @@ def write(path, data):
     ({"env": {"name": "nope"}}, "unknown environment 'nope'"),
     ({"env": {"options": {"ops": "/"}}}, "ops"),
     ({"grpo": {"loss_agg": "sum"}}, "grpo.loss_agg"),
+    ({"grpo": {"lr_schedule": "linear"}}, "grpo.lr_schedule"),
     ({"name": "bad name"}, "name"),
     ("[1, 2", "not valid YAML"),
     ("- a\n- b\n", "must hold a mapping"),
@@ -118,6 +119,18 @@ def test_bad_config_is_a_clear_error(tmp_path, data, needle):
     with pytest.raises(ConfigError, match="invalid config|YAML|mapping") as exc:
         load_config(write(tmp_path / "c.yaml", data))
     assert needle in str(exc.value)
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    from gymloop.trainer import lr_factor
+
+    const = [lr_factor(s, warmup_steps=4, decay_steps=None, min_ratio=0.1) for s in range(12)]
+    assert const[:5] == [0.2, 0.4, 0.6, 0.8, 1.0] and set(const[4:]) == {1.0}
+    cos = [lr_factor(s, warmup_steps=4, decay_steps=12, min_ratio=0.1) for s in range(16)]
+    assert cos[:4] == const[:4] and cos[4] == 1.0
+    assert all(a > b for a, b in zip(cos[4:12], cos[5:13]))          # strictly down to the last step
+    assert cos[12] == pytest.approx(0.1) and cos[15] == pytest.approx(0.1)
+    assert cos[8] == pytest.approx(0.55)                               # half way: the mean of 1 and 0.1
 
 
 def test_missing_config_file(tmp_path):

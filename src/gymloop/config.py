@@ -46,8 +46,12 @@ class GRPOConfig(_Strict):
     steps: int = Field(200, ge=0, description="Training steps (one batch of rollouts each).")
     prompts_per_step: int = Field(16, ge=1, description="Tasks per step.")
     group_size: int = Field(8, ge=2, description="Samples per task (G).")
-    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (constant after warm-up).")
+    lr: float = Field(2e-3, gt=0, description="Peak AdamW learning rate (after warm-up; see lr_schedule).")
     warmup_steps: int = Field(5, ge=0, description="Linear learning-rate warm-up steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warm-up: constant, or cosine decay to min_lr_ratio x lr at the "
+        "last step (a run that should end on its best policy, not on a late noisy update).")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine schedule's final learning rate / lr.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")

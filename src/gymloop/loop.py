@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .checkpoint import load_model, resolve_model
 from .config import ClusterConfig, CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
@@ -86,6 +86,16 @@ class LoopConfig(_Strict):
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's rollouts run.")
+
+    @field_validator("grpo")
+    @classmethod
+    def _no_decay(cls, g: GRPOConfig) -> GRPOConfig:
+        # Rounds continue one optimizer and schedule: a decay would end in round 1 and leave
+        # every later round, the drift's recovery included, at the floor.
+        if g.lr_schedule != "constant":
+            raise ValueError("grpo.lr_schedule must be 'constant' in a loop (it never ends; a decay would "
+                             "leave every round after the first at the floor)")
+        return g
 
 
 def suite_scores(model_dir: str, suites: list[str], cfg: LoopConfig) -> dict[str, float]:

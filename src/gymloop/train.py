@@ -51,7 +51,9 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
     trainer = Trainer(model, cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay,
                       warmup_steps=cfg.grpo.warmup_steps, max_grad_norm=cfg.grpo.max_grad_norm,
-                      ref_model=cfg.grpo.beta > 0, betas=cfg.grpo.betas)
+                      ref_model=cfg.grpo.beta > 0, betas=cfg.grpo.betas, min_lr_ratio=cfg.grpo.min_lr_ratio,
+                      decay_steps=(cfg.grpo.steps * cfg.grpo.epochs * cfg.grpo.minibatches
+                                   if cfg.grpo.lr_schedule == "cosine" else None))
     if cfg.init_trainer_state:
         trainer.load_state(cfg.init_trainer_state)
     env = make_env(cfg.env.name, **cfg.env.options)

@@ -7,7 +7,9 @@ optimizer steps). The loss itself is the pure `algorithms.grpo.grpo_loss`.
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -89,17 +91,29 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
         offset += g.numel()
 
 
+def lr_factor(step: int, *, warmup_steps: int, decay_steps: int | None, min_ratio: float) -> float:
+    """Learning-rate multiplier at optimizer step `step`: linear warm-up, then constant
+    (`decay_steps` None) or a cosine down to `min_ratio` at `decay_steps` and flat after it."""
+    warm = min(1.0, (step + 1) / (warmup_steps + 1))
+    if decay_steps is None:
+        return warm
+    done = min(1.0, max(0, step - warmup_steps) / max(1, decay_steps - warmup_steps))
+    return warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * done)))
+
+
 class Trainer:
     """AdamW over a model's parameters with warm-up, clipping and checkpoints."""
 
     def __init__(self, model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
                  warmup_steps: int = 0, max_grad_norm: float = 1.0, ref_model: bool = False,
-                 betas: tuple[float, float] = (0.9, 0.99)) -> None:
+                 betas: tuple[float, float] = (0.9, 0.99), decay_steps: int | None = None,
+                 min_lr_ratio: float = 0.1) -> None:
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                      betas=betas)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: min(1.0, (s + 1) / (warmup_steps + 1)))
+            self.opt, functools.partial(lr_factor, warmup_steps=warmup_steps, decay_steps=decay_steps,
+                                        min_ratio=min_lr_ratio))
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
