@@ -1,7 +1,8 @@
-"""Asynchronous vs synchronous GRPO on the demo workload (nano, 2-digit addition, the demo's
-GRPO settings: 32 prompts x 8 samples per step).
+"""Asynchronous vs synchronous GRPO on the demo's workloads: `arith` (chapter 1: nano, 2-digit
+addition, 32 prompts x 8 samples per step, 6 tokens) or `tools` (chapter 2: nano-tools,
+tools@v1 episodes of <= 3 turns of <= 40 tokens, 16 prompts x 8).
 
-    python bench/async_bench.py [--steps 300] [--budget 40]
+    python bench/async_bench.py [--workload arith|tools] [--steps 300] [--budget 40]
 
 1. Equal rollout budget: the same number of steps (same rollouts) in each mode; wall seconds
    of learning per step and rounds (steps) per hour.
@@ -18,16 +19,19 @@ import common
 import torch
 
 from gymloop.config import EvalConfig
-from gymloop.recipes import demo_config
+from gymloop.recipes import demo_config, tools_config
 from gymloop.train import train
 
 
-def run(steps: int, staleness: int, every: int = 0) -> dict:
-    cfg = demo_config(run_dir=tempfile.mkdtemp())
+def run(workload: str, steps: int, staleness: int, every: int = 0) -> dict:
+    if workload == "arith":
+        cfg = demo_config(run_dir=tempfile.mkdtemp())
+        cfg = cfg.model_copy(update={"eval": EvalConfig(tasks=300, every=every, max_new_tokens=6)})
+    else:
+        cfg = tools_config(tempfile.mkdtemp())
+        cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every": every})})
     cfg = cfg.model_copy(update={
-        "name": "async-bench",
-        "grpo": cfg.grpo.model_copy(update={"steps": steps, "max_staleness": staleness}),
-        "eval": EvalConfig(tasks=300, every=every, max_new_tokens=6)})
+        "name": "async-bench", "grpo": cfg.grpo.model_copy(update={"steps": steps, "max_staleness": staleness})})
     return train(cfg, progress=False, echo=lambda m: None)
 
 
@@ -39,6 +43,7 @@ def score_at(curve: list[dict], seconds: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=["arith", "tools"], default="arith")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--budget", type=float, default=40.0, help="seconds of learning for the equal-time comparison")
     args = ap.parse_args()
@@ -47,7 +52,7 @@ def main() -> None:
              "final pass@1"]]
     out = {}
     for name, staleness in (("sync", 0), ("async (staleness 1)", 1)):
-        s = run(args.steps, staleness, every=25)
+        s = run(args.workload, args.steps, staleness, every=25)
         learn = s["pass1_curve"][-1]["train_seconds"]
         rows.append([name, s["steps"], f"{learn:.1f}", f"{learn / s['steps']:.3f}",
                      f"{3600 * s['steps'] / learn:,.0f}", f"{score_at(s['pass1_curve'], args.budget):.3f}",
@@ -56,11 +61,13 @@ def main() -> None:
                      "final": s["final"]["pass1"], "dropped_stale": s.get("dropped_stale_rollouts", 0)}
     sync, asyn = out["sync"], out["async (staleness 1)"]
     ratio = (asyn["steps"] / asyn["learn_seconds"]) / (sync["steps"] / sync["learn_seconds"])
-    print(f"GRPO, nano, 2-digit addition, 32 prompts x 8, equal rollout budget of {args.steps} steps")
+    what = ("nano, 2-digit addition, 32 prompts x 8" if args.workload == "arith"
+            else "nano-tools, tools@v1 (<= 3 turns), 16 prompts x 8")
+    print(f"GRPO, {what}, equal rollout budget of {args.steps} steps")
     print(common.table(rows))
     print(f"async / sync steps per hour: {ratio:.2f}x (goal >= 1.3x); "
           f"final pass@1 {asyn['final']:.3f} vs {sync['final']:.3f}")
-    common.save("async", out)
+    common.save("async" if args.workload == "arith" else "async_tools", out)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def main() -> None:
     engine = Engine(model, tok.pad_token_id, decode=tok.decode, max_batch=256)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    rolls, st = collect(engine, tok, env, tasks, per_task, SamplingParams(max_new_tokens=100, temperature=0.7, seed=0),
+    rolls, st = collect(engine, tok, env, tasks, per_task, SamplingParams(max_new_tokens=40, temperature=0.7, seed=0),
                         max_turns=3)
     sec = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,6 +1,9 @@
-"""Time to 50% held-out accuracy: gymloop GRPO vs TRL's GRPOTrainer, same base, same task.
+"""Time to a held-out accuracy: gymloop GRPO vs TRL's GRPOTrainer, same base, same task.
 
-    python bench/grpo_vs_trl.py [--target 0.5] [--budget 300] [--lr 2e-4]
+    python bench/grpo_vs_trl.py [--target 0.6] [--budget 300] [--lr 2e-4]
+
+Issue #2 set 50% for a base at ~26%; since the nano model's sub-word tokenizer its base is at
+42%, so the default target, 60%, keeps a comparable climb (+18 points; 50% would be +8).
 
 Both start from the cached nano base, train on the 2-digit-addition train split with 8 samples
 per task and 16 tasks per step, the same learning rate, Adam betas, warm-up, clip range and
@@ -96,7 +99,7 @@ def run_trl(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", type=float, default=0.5)
+    ap.add_argument("--target", type=float, default=0.6)
     ap.add_argument("--budget", type=float, default=300, help="training seconds before giving up")
     ap.add_argument("--max-steps", type=int, default=1500)
     ap.add_argument("--every", type=int, default=25)

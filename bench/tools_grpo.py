@@ -1,6 +1,6 @@
 """GRPO on multi-turn tool use: the nano-tools base on tools@v1, held-out success before/after.
 
-    python bench/tools_grpo.py [--steps 150]
+    python bench/tools_grpo.py [--steps 60]
 
 Issue #4 asks for >= 20 points of held-out success from GRPO on tools@v1 with the nano model.
 Also reports the same model on tools@v2 and tools@v3, the drifted APIs it never saw.
@@ -15,19 +15,19 @@ import common
 import torch
 
 from gymloop.checkpoint import load_model
-from gymloop.config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
 from gymloop.engine import Engine
 from gymloop.envs import make_env
 from gymloop.evaluate import evaluate
+from gymloop.recipes import tools_config
 from gymloop.train import train
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="nano-tools", help="preset name or model directory")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"])
@@ -35,15 +35,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=40, help="per turn (a tool call is ~15 tokens)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = TrainConfig(
-        model=args.model, name="tools-grpo", run_dir=tempfile.mkdtemp(),
-        env=EnvSpec(name="tools", options={"version": 1}, max_turns=3),
-        sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-        grpo=GRPOConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=8, lr=args.lr, warmup_steps=10,
-                        lr_schedule=args.lr_schedule,
-                        betas=(0.9, 0.999), max_staleness=args.max_staleness),
-        eval=EvalConfig(tasks=args.eval_tasks, every=25, max_new_tokens=args.max_new_tokens),
-    )
+    cfg = tools_config(tempfile.mkdtemp(), model=args.model, steps=args.steps, prompts=args.prompts, lr=args.lr,
+                       lr_schedule=args.lr_schedule, temperature=args.temperature,
+                       max_staleness=args.max_staleness, max_new_tokens=args.max_new_tokens,
+                       eval_tasks=args.eval_tasks)
     s = train(cfg, progress=True, echo=print)
     model, tok = load_model(f"{s['run_dir']}/checkpoint")
     engine = Engine(model, tok.pad_token_id, decode=tok.decode)

@@ -1,7 +1,7 @@
 """Ready-made configurations (the demo's, and the benchmarks')."""
 from __future__ import annotations
 
-from .config import EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
+from .config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
 
 
 def demo_config(run_dir: str = "runs") -> TrainConfig:
@@ -15,4 +15,19 @@ def demo_config(run_dir: str = "runs") -> TrainConfig:
         grpo=GRPOConfig(steps=600, prompts_per_step=32, group_size=8, lr=2e-4,
                         warmup_steps=20, betas=(0.9, 0.999)),
         eval=EvalConfig(tasks=500, every=50, ks=[4], samples=4, max_new_tokens=6),
+    )
+
+
+def tools_config(run_dir: str = "runs", *, model: str = "nano-tools", steps: int = 60, prompts: int = 16,
+                 lr: float = 5e-5, lr_schedule: str = "cosine", temperature: float = 0.7,
+                 max_staleness: int = 1, max_new_tokens: int = 40, eval_tasks: int = 64) -> TrainConfig:
+    """GRPO on multi-turn tool use (tools@v1, <= 3 turns) from the nano-tools base: the demo's
+    second chapter trains with these settings per round; measured in bench/README.md."""
+    return TrainConfig(
+        model=model, name="tools-grpo", run_dir=run_dir,
+        env=EnvSpec(name="tools", options={"version": 1}, max_turns=3),
+        sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+        grpo=GRPOConfig(steps=steps, prompts_per_step=prompts, group_size=8, lr=lr, warmup_steps=10,
+                        lr_schedule=lr_schedule, betas=(0.9, 0.999), max_staleness=max_staleness),
+        eval=EvalConfig(tasks=eval_tasks, every=25, max_new_tokens=max_new_tokens),
     )
