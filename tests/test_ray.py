@@ -124,3 +124,30 @@ def test_asynchronous_ray_rollouts_run_one_step_ahead_and_learn(tmp_path, tiny_m
     train_recs = [r for r in recs if r["kind"] == "train"]
     assert [r["staleness"] for r in train_recs[1:]] == [1] * 29      # generated while the trainer trained
     assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]
+
+
+def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, tiny_model_dir, local_ray,
+                                                                      monkeypatch):
+    import importlib
+
+    from gymloop.checkpoint import load_model
+    from gymloop.engine import Engine
+    from gymloop.train import train
+
+    ev = importlib.import_module("gymloop.evaluate")      # the module (the package exports the function)
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    local_collect = ev.collect
+    # the driver must not generate: every evaluation episode comes from the actors
+    monkeypatch.setattr(ev, "collect", lambda *a, **k: pytest.fail("evaluated in the driver, not on Ray"))
+    cfg = _cfg(tmp_path, tiny_model_dir, grpo={"steps": 6, "max_staleness": 1})
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every": 3, "tasks": 24})})
+    s = train(cfg, progress=False, echo=lambda m: None)
+    assert [c["step"] for c in s["pass1_curve"]] == [0, 3, 6]
+    monkeypatch.setattr(ev, "collect", local_collect)
+    # the same checkpoint evaluated in this process, greedily: the same episodes, the same score
+    model, tok = load_model(Path(s["run_dir"]) / "checkpoint")
+    env = DigitEnv()
+    local = ev.evaluate(Engine(model, tok.pad_token_id, decode=tok.decode), tok, env,
+                        env.sample_tasks(24, "heldout", seed=cfg.seed), max_new_tokens=1, max_turns=cfg.env.max_turns)
+    assert (s["final"]["pass1"], s["final"]["generated_tokens"]) == (local.pass1, local.generated_tokens)
+    assert s["final"]["tasks"] == 24

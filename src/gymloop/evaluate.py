@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .chat import ChatTokenizer
 from .engine import Engine, SamplingParams
 from .envs.base import Environment, Task
 from .progress import progress as progress_bar
-from .rollout import RolloutStats, collect
+from .rollout import Rollout, RolloutStats, collect
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,15 +39,19 @@ class EvalResult:
 
 CHUNK = 256      # tasks per engine batch: bounds memory, and paces the progress bar
 
+# Who generates the episodes: (tasks, samples per task, sampling) -> (rollouts, stats), the
+# rollouts task-major. The default is the local engine; the Ray backend's is its actors.
+Collector = Callable[[Sequence[Task], int, SamplingParams], tuple[list[Rollout], RolloutStats]]
 
-def _collect_chunked(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], n: int,
-                     params: SamplingParams, max_turns: int, bar) -> tuple[list, RolloutStats]:
+
+def _collect_chunked(collector: Collector, tasks: Sequence[Task], n: int, params: SamplingParams,
+                     bar) -> tuple[list, RolloutStats]:
     rolls, total = [], RolloutStats()
     for i in range(0, len(tasks), CHUNK):
         part = tasks[i:i + CHUNK]
         # each chunk its own random stream, else chunks would repeat one another's draws
         p = params if params.seed is None else SamplingParams(**{**params.__dict__, "seed": params.seed + i})
-        r, st = collect(engine, tok, env, part, n, p, max_turns=max_turns)
+        r, st = collector(part, n, p)
         rolls += r
         total.add(st)
         bar.update(len(part) * n)
@@ -56,12 +60,16 @@ def _collect_chunked(engine: Engine, tok: ChatTokenizer, env: Environment, tasks
 
 def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], *,
              max_new_tokens: int = 16, max_turns: int = 1, ks: Sequence[int] = (),
-             samples: int = 0, temperature: float = 1.0, seed: int = 0, progress: bool = False) -> EvalResult:
-    """Greedy pass@1 on `tasks`; with `ks`, also pass@k from `samples` draws per task."""
+             samples: int = 0, temperature: float = 1.0, seed: int = 0, progress: bool = False,
+             collector: Collector | None = None) -> EvalResult:
+    """Greedy pass@1 on `tasks`; with `ks`, also pass@k from `samples` draws per task.
+    Episodes run on `engine`, or wherever `collector` runs them (the scoring is the same)."""
     samples = max(samples, max(ks)) if ks else 0
+    if collector is None:
+        collector = lambda part, n, p: collect(engine, tok, env, part, n, p, max_turns=max_turns)  # noqa: E731
     bar = progress_bar(None, f"eval {env.name}", progress, "episode", total=len(tasks) * (1 + samples), leave=False)
     greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    rolls, st = _collect_chunked(engine, tok, env, tasks, 1, greedy, max_turns, bar)
+    rolls, st = _collect_chunked(collector, tasks, 1, greedy, bar)
     good = [r for r in rolls if r.ok]
     n = max(len(good), 1)
     res = EvalResult(
@@ -74,7 +82,7 @@ def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequen
     )
     if ks:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        rolls, st2 = _collect_chunked(engine, tok, env, tasks, samples, params, max_turns, bar)
+        rolls, st2 = _collect_chunked(collector, tasks, samples, params, bar)
         res.seconds += st2.gen_seconds + st2.env_seconds
         res.generated_tokens += st2.generated_tokens
         for k in ks:

@@ -7,6 +7,7 @@ Writes a run directory: config.yaml, metrics.jsonl, checkpoint/, summary.json.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -23,10 +24,27 @@ from .run import Phases, RunDir
 from .trainer import Trainer, advantages_for, rollouts_to_batch
 
 
-def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = False) -> EvalResult:
+def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = False, collector=None) -> EvalResult:
     return evaluate(engine, tok, env, tasks, max_new_tokens=cfg.eval.max_new_tokens,
                     max_turns=cfg.env.max_turns, ks=ks, samples=cfg.eval.samples,
-                    temperature=cfg.sampling.temperature, seed=cfg.seed, progress=progress)
+                    temperature=cfg.sampling.temperature, seed=cfg.seed, progress=progress,
+                    collector=collector)
+
+
+def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_at):
+    """Where training's rollouts come from: Ray actors, the trainer's own engine (synchronous),
+    or a collector beside it (asynchronous: a process by default, or a thread)."""
+    g = cfg.grpo
+    if cfg.cluster.backend == "ray":
+        from .cluster.ray_backend import RaySource
+
+        return RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                         cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness)
+    if g.max_staleness == 0:
+        return SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
+    kind = ProcessSource if g.collector == "process" else AsyncSource
+    return kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                g.max_staleness, backend=cfg.engine_backend)
 
 
 def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
@@ -62,8 +80,21 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     params = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens,
                             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
 
-    with phases.time("evaluation"):
-        base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress)
+    task_seed = lambda step: cfg.seed * 1_000_003 + step  # noqa: E731
+    sampler = task_source or (lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step)))
+    params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
+    make_source = functools.partial(_rollout_source, cfg, model, engine, tok, env, sampler, params_at)
+    # On Ray the actors run the held-out evaluation too (the driver only scores), so they start
+    # first; a local collector starts after it, so it does not generate beside the base evaluation.
+    source = make_source() if cfg.cluster.backend == "ray" else None
+    evaluator = source.collect if source is not None else None
+    try:
+        with phases.time("evaluation"):
+            base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
+    except BaseException:
+        if source is not None:
+            source.close()
+        raise
     ledger.add("evaluation", generated_tokens=base.generated_tokens)
     base_eval_s = phases.seconds["evaluation"]
     run.log("eval", step=0, **base.as_dict())
@@ -76,21 +107,8 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     tokens_generated = base.generated_tokens
     zero_groups = total_groups = 0
     last = base
-    task_seed = lambda step: cfg.seed * 1_000_003 + step  # noqa: E731
-    sampler = task_source or (lambda step: env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step)))
-    params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
-    if cfg.cluster.backend == "ray":
-        from .cluster.ray_backend import RaySource
-
-        source = RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                           cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness)
-    elif g.max_staleness == 0:
-        source = SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
-    else:
-        kind = ProcessSource if g.collector == "process" else AsyncSource
-        source = kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                      g.max_staleness, backend=cfg.engine_backend)
     dropped_stale = 0
+    source = source or make_source()
     phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
     bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
     try:
@@ -140,21 +158,21 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
             if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
                 with phases.time("evaluation"):
-                    last = _eval(engine, tok, env, heldout, cfg)
+                    last = _eval(engine, tok, env, heldout, cfg, collector=evaluator)
                 ledger.add("evaluation", generated_tokens=last.generated_tokens)
                 run.log("eval", step=step, **last.as_dict())
                 curve.append({"step": step, "pass1": last.pass1, "train_seconds": train_clock()})
                 if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
                     echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
                     break
+        if cfg.eval.ks:
+            with phases.time("evaluation"):
+                last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
+            ledger.add("evaluation", generated_tokens=last.generated_tokens)
+            run.log("eval", step=engine.version, **last.as_dict())
     finally:
         with phases.time("shutdown"):
             source.close()
-    if cfg.eval.ks:
-        with phases.time("evaluation"):
-            last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress)
-        ledger.add("evaluation", generated_tokens=last.generated_tokens)
-        run.log("eval", step=engine.version, **last.as_dict())
     with phases.time("checkpoint"):
         save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
                                                       "version": engine.version})

@@ -148,19 +148,30 @@ class RaySource:
         buckets, layout = pack(model.state_dict(), self.cfg.bucket_mb << 20)
         self._weights = (version, layout, [ray.put(b) for b in buckets])
 
-    def _submit(self, i: int, tasks: list[Task], params: SamplingParams):
+    def _submit(self, i: int, tasks: list[Task], params: SamplingParams, group: int):
         version, layout, refs = self._weights
         w = self.workers[i]
         if self._loaded[i] != version:       # calls on one actor run in order: load, then collect
             w.load.remote(version, layout, *refs)
             self._loaded[i] = version
-        return w.collect.remote(tasks, self.group, params, self.max_turns)
+        return w.collect.remote(tasks, group, params, self.max_turns)
 
-    def _launch(self, step: int) -> dict:
-        params = self.params(step)
-        shares = shard(self.tasks(step), len(self.workers))
-        return {"step": step, "params": params, "shares": shares,
-                "pending": {self._submit(i, s, params): i for i, s in enumerate(shares) if s}}
+    def _launch(self, step: int, tasks: list[Task] | None = None, params: SamplingParams | None = None,
+                group: int | None = None) -> dict:
+        """Queue a step's episodes (or, given `tasks`, an evaluation's: step -1) on the workers."""
+        params = params or self.params(step)
+        group = group or self.group
+        shares = shard(self.tasks(step) if tasks is None else list(tasks), len(self.workers))
+        return {"step": step, "label": f"step {step}" if tasks is None else "evaluation",
+                "params": params, "shares": shares, "group": group,
+                "pending": {self._submit(i, s, params, group): i for i, s in enumerate(shares) if s}}
+
+    def collect(self, tasks: list[Task], group: int, params: SamplingParams) -> tuple[list, RolloutStats]:
+        """Episodes of `tasks` on the workers with the latest published weights (the held-out
+        evaluation runs here, so the evaluator is the actors, not the driver). Queued after any
+        step already in flight; a dead worker is replaced as in training."""
+        batch = self._gather(self._launch(-1, tasks, params, group))
+        return batch.rollouts, batch.stats
 
     def next(self, step: int) -> RolloutBatch:
         """Step `step`'s rollouts. With max_staleness >= 1 the next step is queued on the
@@ -177,13 +188,14 @@ class RaySource:
         import ray
 
         step, params, shares, pending = flight["step"], flight["params"], flight["shares"], flight["pending"]
+        group, label = flight["group"], flight["label"]
         results: dict[int, tuple] = {}
         deadline = time.monotonic() + self.cfg.step_timeout_s
         restarts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise ClusterError(f"step {step}: rollout workers returned nothing within "
+                raise ClusterError(f"{label}: rollout workers returned nothing within "
                                    f"{self.cfg.step_timeout_s:.0f} s (cluster.step_timeout_s)")
             i = pending.pop(ready[0])
             try:
@@ -191,10 +203,10 @@ class RaySource:
             except ray.exceptions.RayActorError as exc:
                 restarts += 1
                 if restarts > self.cfg.max_restarts:
-                    raise ClusterError(f"step {step}: {restarts} rollout workers died "
+                    raise ClusterError(f"{label}: {restarts} rollout workers died "
                                        f"(cluster.max_restarts {self.cfg.max_restarts}); last: {exc}") from None
                 self._replace(i)
-                pending[self._submit(i, shares[i], params)] = i       # its whole share, again
+                pending[self._submit(i, shares[i], params, group)] = i       # its whole share, again
         order = sorted(results)
         rollouts = [r for i in order for r in results[i][0]]
         stats = merge_stats([results[i][1] for i in order])
@@ -211,7 +223,7 @@ class RaySource:
             for fut, w in list(ahead["pending"].items()):
                 if w == i:
                     del ahead["pending"][fut]
-                    ahead["pending"][self._submit(i, ahead["shares"][i], ahead["params"])] = i
+                    ahead["pending"][self._submit(i, ahead["shares"][i], ahead["params"], ahead["group"])] = i
 
     def close(self) -> None:
         import ray
