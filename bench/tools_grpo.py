@@ -1,6 +1,6 @@
 """GRPO on multi-turn tool use: the nano-tools base on tools@v1, held-out success before/after.
 
-    python bench/tools_grpo.py [--steps 60]
+    python bench/tools_grpo.py [--steps 100] [--prompts 32] [--lr 2e-4]
 
 Issue #4 asks for >= 20 points of held-out success from GRPO on tools@v1 with the nano model.
 Also reports the same model on tools@v2 and tools@v3, the drifted APIs it never saw.
@@ -25,9 +25,9 @@ from gymloop.train import train
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="nano-tools", help="preset name or model directory")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"])

@@ -27,8 +27,11 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def ray_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [ln for ln in out if any(k in ln for k in ("raylet", "gcs_server", "ray::", "default_worker.py"))]
+    """Ray processes still running. Zombies (state Z) are left out: they have exited and hold
+    nothing; reaping them is up to the machine's PID 1, which here can take longer than the wait."""
+    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
+    return [ln for ln in out if any(k in ln for k in ("raylet", "gcs_server", "ray::", "default_worker.py"))
+            and not ln.split()[1].startswith("Z")]
 
 
 @pytest.fixture(scope="module")
