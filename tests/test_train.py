@@ -170,6 +170,17 @@ def test_cli_train_and_eval_smoke(tmp_path, tiny_model_dir, capsys):
     assert res["tasks"] == 20 and set(res["pass_at_k"]) == {"1", "2"}
 
 
+def test_cli_demo_chapters(capsys):
+    from gymloop.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["demo"]).only is None                      # both chapters
+    assert p.parse_args(["demo", "--only", "loop"]).only == "loop"
+    with pytest.raises(SystemExit):
+        p.parse_args(["demo", "--only", "story"])
+    assert "invalid choice: 'story'" in capsys.readouterr().err
+
+
 def test_cli_pretrain_smoke(tmp_path, capsys):
     from gymloop.cli import main
 
