@@ -44,6 +44,12 @@ def build_char_tokenizer(alphabet: str = NANO_ALPHABET) -> PreTrainedTokenizerFa
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(list(NANO_SPECIALS))
+    return nano_hf_tokenizer(tok)
+
+
+def nano_hf_tokenizer(tok) -> PreTrainedTokenizerFast:
+    """A `tokenizers.Tokenizer` over the nano specials as a Hugging Face tokenizer: pad and EOS
+    tokens, left padding, the nano chat template."""
     # padding_side must be given to the constructor: set afterwards it is not saved (FACTS.md).
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>", padding_side="left"
@@ -72,11 +78,7 @@ def train_nano_tokenizer(texts: Sequence[str], vocab_size: int = 512,
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(NANO_SPECIALS),
                                   initial_alphabet=list(dict.fromkeys(alphabet)), show_progress=False)
     tok.train_from_iterator(list(texts), trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>", padding_side="left"
-    )
-    hf.chat_template = NANO_CHAT_TEMPLATE
-    return hf
+    return nano_hf_tokenizer(tok)
 
 
 @dataclass

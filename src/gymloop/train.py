@@ -91,27 +91,22 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     try:
         with phases.time("evaluation"):
             base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
-    except BaseException:
-        if source is not None:
-            source.close()
-        raise
-    ledger.add("evaluation", generated_tokens=base.generated_tokens)
-    base_eval_s = phases.seconds["evaluation"]
-    run.log("eval", step=0, **base.as_dict())
-    echo(f"base: pass@1 {base.pass1:.3f} on {base.tasks} held-out {env.name} tasks")
-    # train_seconds: the clock of learning alone (no evaluation, no pre-training).
-    learn = ("generation", "verification", "rollout_wait", "training", "weight_sync")
-    overlapped = {"generation": 0.0, "verification": 0.0}
-    train_clock = lambda: sum(phases.seconds.get(k, 0.0) for k in learn)  # noqa: E731
-    curve = [{"step": 0, "pass1": base.pass1, "train_seconds": 0.0}]
-    tokens_generated = base.generated_tokens
-    zero_groups = total_groups = 0
-    last = base
-    dropped_stale = 0
-    source = source or make_source()
-    phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
-    bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
-    try:
+        ledger.add("evaluation", generated_tokens=base.generated_tokens)
+        base_eval_s = phases.seconds["evaluation"]
+        run.log("eval", step=0, **base.as_dict())
+        echo(f"base: pass@1 {base.pass1:.3f} on {base.tasks} held-out {env.name} tasks")
+        # train_seconds: the clock of learning alone (no evaluation, no pre-training).
+        learn = ("generation", "verification", "rollout_wait", "training", "weight_sync")
+        overlapped = {"generation": 0.0, "verification": 0.0}
+        train_clock = lambda: sum(phases.seconds.get(k, 0.0) for k in learn)  # noqa: E731
+        curve = [{"step": 0, "pass1": base.pass1, "train_seconds": 0.0}]
+        tokens_generated = base.generated_tokens
+        zero_groups = total_groups = 0
+        last = base
+        dropped_stale = 0
+        source = source or make_source()
+        phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
+        bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
         for step in bar:
             t_wait = time.perf_counter()
             got = source.next(step)
@@ -171,8 +166,9 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
             ledger.add("evaluation", generated_tokens=last.generated_tokens)
             run.log("eval", step=engine.version, **last.as_dict())
     finally:
-        with phases.time("shutdown"):
-            source.close()
+        if source is not None:
+            with phases.time("shutdown"):
+                source.close()
     with phases.time("checkpoint"):
         save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
                                                       "version": engine.version})

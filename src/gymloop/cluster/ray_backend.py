@@ -159,8 +159,8 @@ class RaySource:
     def _launch(self, step: int, tasks: list[Task] | None = None, params: SamplingParams | None = None,
                 group: int | None = None) -> dict:
         """Queue a step's episodes (or, given `tasks`, an evaluation's: step -1) on the workers."""
-        params = params or self.params(step)
-        group = group or self.group
+        params = self.params(step) if params is None else params
+        group = self.group if group is None else group
         shares = shard(self.tasks(step) if tasks is None else list(tasks), len(self.workers))
         return {"step": step, "label": f"step {step}" if tasks is None else "evaluation",
                 "params": params, "shares": shares, "group": group,

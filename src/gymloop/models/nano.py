@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..algorithms.sft import sft_loss
-from ..chat import NANO_CHAT_TEMPLATE, ChatTokenizer, build_char_tokenizer, train_nano_tokenizer
+from ..chat import ChatTokenizer, build_char_tokenizer, nano_hf_tokenizer, train_nano_tokenizer
 from ..envs import make_env, play
 from ..logprobs import make_batch, token_logprobs
 from ..progress import progress as progress_bar
@@ -94,12 +94,8 @@ def _nano_tokenizer_json() -> str:
 def nano_tokenizer() -> ChatTokenizer:
     """The nano model's sub-word tokenizer (trained locally in ~0.1 s; a fresh copy per call)."""
     from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_nano_tokenizer_json()),
-                                 pad_token="<|pad|>", eos_token="<|end|>", padding_side="left")
-    hf.chat_template = NANO_CHAT_TEMPLATE
-    return ChatTokenizer(hf)
+    return ChatTokenizer(nano_hf_tokenizer(Tokenizer.from_str(_nano_tokenizer_json())))
 
 
 def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
