@@ -54,6 +54,7 @@ def _worker(rank, port, state, vocab, out):
         losses = run_steps(model, seqs, masks, adv, rank, 2)
         if rank == 0:   # plain lists: a tensor sent through a queue needs its sender alive
             out.put((losses, {k: v.flatten().tolist() for k, v in model.state_dict().items()}))
+        torch.distributed.barrier()   # neither leaves while the other's gloo threads still talk to it
     finally:
         torch.distributed.destroy_process_group()
 
@@ -81,3 +82,21 @@ def test_two_process_ddp_matches_one_process(tok):
     assert len(set(round(x, 6) for x in single)) > 1                  # the loss really moved
     worst = max((torch.tensor(weights[k]) - v.flatten()).abs().max().item() for k, v in model.state_dict().items())
     assert worst <= 1e-4, worst
+
+
+def test_shard_batch_pads_short_ranks_with_rows_that_train_nothing(tok):
+    from gymloop.cluster.ray_trainer import merge_metrics, shard_batch
+
+    seqs = [[5, 6, 7, 8], [5, 6, 9], [7, 7, 7, 7, 7]]
+    batch = make_batch(seqs, [[0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]], None, 0)
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    (b0, a0), (b1, a1) = shard_batch(batch, adv, 2, min_rows=2)
+    assert b0.input_ids.tolist() == [seqs[0] + [0], seqs[2]] and a0.tolist() == [1.0, 0.5]
+    assert b1.input_ids.tolist() == [seqs[1] + [0], seqs[0]]            # row 2: padding, a copy of row 0
+    assert b1.loss_mask.tolist() == [[0, 1, 1, 0], [0, 0, 0, 0]] and a1.tolist() == [-1.0, 0.0]
+    (t0, _), = shard_batch(batch.select(slice(1, 2)), adv[1:2], 1)
+    assert t0.input_ids.tolist() == [seqs[1]]                           # cut to its longest row
+    assert batch.loss_mask.sum() == 8                                   # the original is untouched
+    merged = merge_metrics([{"loss": 0.25, "ratio_max": 1.1, "clip_frac": 0.5},
+                            {"loss": 0.5, "ratio_max": 1.3, "clip_frac": 0.0}])
+    assert merged == {"loss": 0.75, "ratio_max": 1.3, "clip_frac": 0.25}

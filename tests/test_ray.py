@@ -1,7 +1,8 @@
 """The Ray backend, on a private local Ray instance with 2 CPUs started by the tests and stopped
-after them: a short GRPO run with rollout workers as actors learns; a worker killed in the
-middle of a step is replaced and every episode is counted once; a cluster address that does
-not answer fails fast; no Ray process is left behind."""
+after them: a short loop with rollout workers and the trainer as actors learns; a worker killed
+in the middle of a step is replaced and every episode is counted once; 2 data-parallel trainer
+actors follow the driver's trainer; a cluster address that does not answer fails fast; no Ray
+process is left behind."""
 from __future__ import annotations
 
 import json
@@ -69,8 +70,10 @@ def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_
     from gymloop.loop import run_loop
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    # the trainer too is an actor here (one rank: no process group)
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 30}, name="ray",
-                         cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5})
+                         cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5, "trainers": 1,
+                                  "trainer_cpus": 0.5})
     [round1] = run_loop(cfg, echo=lambda m: None)
     [run_dir] = [p for p in (tmp_path / "runs" / "ray").iterdir() if p.name.startswith("round-0001")]
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -154,3 +157,72 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
                         env.sample_tasks(24, "heldout", seed=cfg.seed), max_new_tokens=1, max_turns=cfg.env.max_turns)
     assert (s["final"]["pass1"], s["final"]["generated_tokens"]) == (local.pass1, local.generated_tokens)
     assert s["final"]["tasks"] == 24
+
+
+def _train_records(summary) -> list[dict]:
+    recs = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == "train"]
+
+
+def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_model_dir, local_ray, monkeypatch):
+    """Data-parallel training as Ray actors (gloo): the same global batch gives the same
+    gradient, loss curve and weights as the trainer in the driver (test_distributed.py holds
+    the raw 2-process check at 1e-4)."""
+    import torch
+
+    from gymloop.checkpoint import load_model
+    from gymloop.train import train
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    runs = {}
+    for n in (0, 2):
+        # a small learning rate keeps Adam's amplified rounding (below) small
+        cfg = _cfg(tmp_path / f"t{n}", tiny_model_dir, grpo={"steps": 8, "lr": 1e-3}, trainers=n, trainer_cpus=0.5)
+        runs[n] = train(cfg, progress=False, echo=lambda m: None)
+    one, two = (_train_records(runs[n]) for n in (0, 2))
+    assert [r["reward"] for r in one] == [r["reward"] for r in two]          # the same rollouts
+    # on-policy, one pass: the loss's value is 0 and its gradient is the signal
+    # Step 1 starts from the same weights: only the order of the gradient's sums differs.
+    assert abs(one[0]["grad_norm"] - two[0]["grad_norm"]) <= 1e-6 * one[0]["grad_norm"]
+    # After it, relative: Adam divides by sqrt(v), so rounding in near-zero gradients becomes
+    # a visible (if small) difference in the weights, and the curves drift apart slowly.
+    for key in ("loss", "grad_norm"):
+        assert max(abs(a[key] - b[key]) / max(1.0, abs(a[key])) for a, b in zip(one, two)) <= 1e-4, \
+            (key, [(a[key], b[key]) for a, b in zip(one, two)])
+    assert len({round(r["grad_norm"], 6) for r in one}) > 1 and min(r["grad_norm"] for r in one) > 0
+    assert runs[2]["optimizer_steps"] == runs[0]["optimizer_steps"] == 8
+    (m0, _), (m2, _) = (load_model(Path(runs[n]["run_dir"]) / "checkpoint") for n in (0, 2))
+    base, _ = load_model(tiny_model_dir)
+    moved = max((a - b).abs().max().item() for a, b in zip(m0.state_dict().values(), base.state_dict().values()))
+    worst = max((a - b).abs().max().item() for a, b in zip(m0.state_dict().values(), m2.state_dict().values()))
+    assert moved > 5e-3 and worst <= 1e-3, (moved, worst)     # under one Adam step (lr 1e-3) apart
+    assert torch.load(Path(runs[2]["run_dir"]) / "checkpoint" / "trainer_state.pt", weights_only=True)["opt"]["state"]
+
+
+def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_path, tiny_model_dir, local_ray):
+    """A rank with fewer rows than minibatches is padded (same collectives on every rank), and
+    the optimizer state saved by a group is the one a new group resumes from."""
+    from gymloop.checkpoint import load_model
+    from gymloop.cluster.ray_trainer import TrainerGroup
+    from gymloop.logprobs import make_batch
+
+    model, tok = load_model(tiny_model_dir)
+    cfg = ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5, step_timeout_s=60)
+    group = TrainerGroup(model, {"lr": 1e-2}, cfg)
+    try:
+        seqs = [[5, 6, 7, 8], [5, 6, 9], [7, 7, 7, 7, 7]]                      # 3 rows, 2 ranks, 3 minibatches
+        batch = make_batch(seqs, [[0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]], None, tok.pad_token_id)
+        import torch
+        adv = torch.tensor([1.0, -1.0, 0.5])
+        m = group.grpo_step(batch, adv, temperature=1.0, clip_low=0.2, clip_high=0.2, beta=0.0,
+                            loss_agg="token-mean", minibatches=3)
+        assert group.step_count == 3 and m["grad_norm"] > 0
+        group.save_state(tmp_path / "ckpt")
+    finally:
+        group.close()
+    again = TrainerGroup(model, {"lr": 1e-2}, cfg)
+    try:
+        again.load_state(tmp_path / "ckpt")
+        assert again.step_count == 3
+    finally:
+        again.close()

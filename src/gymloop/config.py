@@ -105,7 +105,8 @@ class LoggingConfig(_Strict):
 
 class ClusterConfig(_Strict):
     """Where the job's roles run. `local`: this machine's processes. `ray`: rollout workers
-    (an engine and the environment each) are Ray actors; the trainer stays in the driver."""
+    (an engine and the environment each) and the held-out evaluation are Ray actors; the
+    trainer stays in the driver, or with `trainers` >= 1 runs as data-parallel Ray actors."""
 
     backend: Literal["local", "ray"] = Field("local", description="local or ray.")
     address: str | None = Field(None, description="Ray cluster to join: 'host:port', 'auto' or 'ray://...'; "
@@ -119,6 +120,16 @@ class ClusterConfig(_Strict):
                                   "the run stops with an error (never a silent hang).")
     max_restarts: int = Field(3, ge=0, description="Dead workers replaced per step before giving up.")
     bucket_mb: int = Field(64, ge=1, description="Weight-transfer bucket size through the object store.")
+    trainers: int = Field(0, ge=0, description="Trainer actors. 0: the trainer runs in the driver. N >= 1: "
+                          "N data-parallel ranks (torch.distributed, gloo) as Ray actors, each step's batch "
+                          "split across them; rank 0 publishes the weights to the rollout workers.")
+    trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer actor.")
+
+    @model_validator(mode="after")
+    def _trainers_need_ray(self) -> "ClusterConfig":
+        if self.trainers and self.backend != "ray":
+            raise ValueError("cluster.trainers needs backend: ray (the local backend trains in this process)")
+        return self
 
 
 class TrainConfig(_Strict):
@@ -141,7 +152,7 @@ class TrainConfig(_Strict):
         None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers.")
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where rollouts run.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the roles run.")
 
 
 class ConfigError(ValueError):

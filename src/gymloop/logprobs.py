@@ -28,6 +28,12 @@ class TokenBatch:
         return TokenBatch(self.input_ids[rows], self.attention_mask[rows], self.loss_mask[rows],
                           self.old_logp[rows])
 
+    def trim(self) -> "TokenBatch":
+        """Without the padding columns no row needs: [N, L] -> [N, longest row]."""
+        width = int(self.attention_mask.sum(-1).max()) if len(self) else 0
+        return TokenBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
+                          self.loss_mask[:, :width], self.old_logp[:, :width])
+
 
 def make_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
                logps: Sequence[Sequence[float]] | None, pad_id: int) -> TokenBatch:

@@ -85,7 +85,7 @@ class LoopConfig(_Strict):
         "with the served model.")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's rollouts run.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's roles (rollouts, evaluation, trainer) run.")
 
     @field_validator("grpo")
     @classmethod

@@ -47,6 +47,24 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
                 g.max_staleness, backend=cfg.engine_backend)
 
 
+def _trainer(cfg: TrainConfig, model):
+    """The trainer in this process, or (cluster.trainers >= 1) data-parallel Ray actors."""
+    g = cfg.grpo
+    kwargs = dict(lr=g.lr, weight_decay=g.weight_decay, warmup_steps=g.warmup_steps,
+                  max_grad_norm=g.max_grad_norm, ref_model=g.beta > 0, betas=g.betas,
+                  min_lr_ratio=g.min_lr_ratio,
+                  decay_steps=g.steps * g.epochs * g.minibatches if g.lr_schedule == "cosine" else None)
+    if cfg.cluster.trainers:
+        from .cluster.ray_trainer import TrainerGroup
+
+        trainer = TrainerGroup(model, kwargs, cfg.cluster, threads=cfg.threads)
+    else:
+        trainer = Trainer(model, **kwargs)
+    if cfg.init_trainer_state:
+        trainer.load_state(cfg.init_trainer_state)
+    return trainer
+
+
 def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
           task_source: Callable[[int], list] | None = None) -> dict:
     """Run GRPO as configured; return the summary (also written to summary.json).
@@ -67,13 +85,6 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     model, tok = load_model(model_path)
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
-    trainer = Trainer(model, cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay,
-                      warmup_steps=cfg.grpo.warmup_steps, max_grad_norm=cfg.grpo.max_grad_norm,
-                      ref_model=cfg.grpo.beta > 0, betas=cfg.grpo.betas, min_lr_ratio=cfg.grpo.min_lr_ratio,
-                      decay_steps=(cfg.grpo.steps * cfg.grpo.epochs * cfg.grpo.minibatches
-                                   if cfg.grpo.lr_schedule == "cosine" else None))
-    if cfg.init_trainer_state:
-        trainer.load_state(cfg.init_trainer_state)
     env = make_env(cfg.env.name, **cfg.env.options)
     heldout = env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed)
     g = cfg.grpo
@@ -88,7 +99,10 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     # first; a local collector starts after it, so it does not generate beside the base evaluation.
     source = make_source() if cfg.cluster.backend == "ray" else None
     evaluator = source.collect if source is not None else None
+    trainer = None
+    remote = cfg.cluster.trainers > 0      # the weights live in the trainer actors, not in `model`
     try:
+        trainer = _trainer(cfg, model)
         with phases.time("evaluation"):
             base = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
         ledger.add("evaluation", generated_tokens=base.generated_tokens)
@@ -104,6 +118,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
         zero_groups = total_groups = 0
         last = base
         dropped_stale = 0
+        version = 0
         source = source or make_source()
         phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
         bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
@@ -139,9 +154,13 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 # The trainer's own engine (evaluation; sync rollouts) shares the model's
                 # tensors, so this copies nothing and only bumps its version. An async
                 # collector gets the new weights to load between its batches.
-                engine.load_weights(model.state_dict(), version=step)
-                if g.max_staleness or cfg.cluster.backend == "ray":
-                    source.publish(model, version=step)
+                if remote:           # rank 0 puts them in the object store itself
+                    source.set_weights(trainer.publish(step))
+                else:
+                    engine.load_weights(model.state_dict(), version=step)
+                    if g.max_staleness or cfg.cluster.backend == "ray":
+                        source.publish(model, version=step)
+            version = step
             with phases.time("logging"):
                 ok = [r for r in rollouts if r.ok]
                 reward = sum(r.reward for r in ok) / max(len(ok), 1)
@@ -160,19 +179,24 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
                     echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
                     break
+        if remote:
+            with phases.time("weight_sync"):
+                engine.load_weights(trainer.state_dict(), version=version)
         if cfg.eval.ks:
             with phases.time("evaluation"):
                 last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
             ledger.add("evaluation", generated_tokens=last.generated_tokens)
             run.log("eval", step=engine.version, **last.as_dict())
+        with phases.time("checkpoint"):
+            save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
+                                                          "version": engine.version})
+            trainer.save_state(run.checkpoint)
     finally:
-        if source is not None:
-            with phases.time("shutdown"):
+        with phases.time("shutdown"):
+            if trainer is not None:
+                trainer.close()
+            if source is not None:
                 source.close()
-    with phases.time("checkpoint"):
-        save_model(model, tok, run.checkpoint, extra={"base_model": str(model_path),
-                                                      "version": engine.version})
-        trainer.save_state(run.checkpoint)
     for phase, sec in phases.seconds.items():
         ledger.add(phase, sec)
     wall = time.perf_counter() - t_start

@@ -66,10 +66,12 @@ def _distributed() -> bool:
 
 
 def _global_count(mb: TokenBatch, agg: str) -> float | None:
-    """Data parallel: the whole batch's token (or sequence) count across ranks; None alone."""
+    """Data parallel: the whole batch's token (or sequence) count across ranks; None alone.
+    Sequences count when they have a trained token (as in the loss), so a rank's padding
+    rows (see cluster.ray_trainer) change nothing."""
     if not _distributed():
         return None
-    n = mb.loss_mask.sum() if agg == "token-mean" else torch.tensor(float(len(mb)))
+    n = mb.loss_mask.sum() if agg == "token-mean" else (mb.loss_mask.sum(-1) > 0).sum()
     n = n.detach().clone().float()
     torch.distributed.all_reduce(n)
     return float(n.clamp(min=1))
@@ -138,7 +140,9 @@ class Trainer:
         gen = torch.Generator().manual_seed(self.step_count)
         for _ in range(epochs):
             order = torch.randperm(n, generator=gen) if minibatches > 1 else torch.arange(n)
-            for idx in order.chunk(minibatches):
+            # tensor_split, not chunk: always `minibatches` parts, so every data-parallel
+            # rank runs the same number of collectives
+            for idx in order.tensor_split(minibatches):
                 mb = batch.select(idx)
                 logp = token_logprobs(self.model, mb, temperature)
                 loss, m = grpo_loss(logp, mb.old_logp, advantages[idx], mb.loss_mask,
@@ -162,17 +166,34 @@ class Trainer:
         self.step_count += 1
         return float(norm)
 
-    def save_state(self, path: str | Path) -> None:
+    def state(self) -> dict:
         """Optimizer, scheduler and step count (the model is saved by checkpoint.save_model)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict()},
-                   path / "trainer_state.pt")
-        (path / "trainer.json").write_text(json.dumps({"step": self.step_count}))
+        return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step_count}
 
-    def load_state(self, path: str | Path) -> None:
-        path = Path(path)
-        state = torch.load(path / "trainer_state.pt", weights_only=True)
+    def set_state(self, state: dict) -> None:
         self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
-        self.step_count = json.loads((path / "trainer.json").read_text())["step"]
+        self.step_count = state["step"]
+
+    def save_state(self, path: str | Path) -> None:
+        write_state(path, self.state())
+
+    def load_state(self, path: str | Path) -> None:
+        self.set_state(read_state(path))
+
+    def close(self) -> None:
+        """Nothing to release in-process (a TrainerGroup stops its actors)."""
+
+
+def write_state(path: str | Path, state: dict) -> None:
+    """A trainer's `state()` into a checkpoint directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({"opt": state["opt"], "sched": state["sched"]}, path / "trainer_state.pt")
+    (path / "trainer.json").write_text(json.dumps({"step": state["step"]}))
+
+
+def read_state(path: str | Path) -> dict:
+    path = Path(path)
+    state = torch.load(path / "trainer_state.pt", weights_only=True)
+    return {**state, "step": json.loads((path / "trainer.json").read_text())["step"]}

@@ -83,5 +83,6 @@ def _aggregate(per_tok: torch.Tensor, mask: torch.Tensor, agg: LossAgg,
         return (per_tok * mask).sum() / (normalizer or mask.sum().clamp(min=1))
     if agg == "seq-mean":
         per_seq = (per_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.sum() / (normalizer or per_seq.numel())
+        # sequences with no trained token (padding rows) do not count
+        return per_seq.sum() / (normalizer or (mask.sum(-1) > 0).sum().clamp(min=1))
     raise ValueError(f"unknown loss aggregation {agg!r}; known: token-mean, seq-mean")

@@ -1,9 +1,11 @@
-"""The Ray backend: rollout workers (an engine and the environment each) as Ray actors, the
-trainer in the driver, weights through the object store in buckets.
+"""The Ray backend: rollout workers (an engine and the environment each) as Ray actors,
+weights through the object store in buckets. The trainer runs in the driver, or as Ray
+actors of its own (cluster.trainers; ray_trainer.py), which then publish the weights.
 
     source = RaySource(model, tok, env, tasks, group, params, max_turns, cluster_cfg)
     batch = source.next(step)          # the SyncSource contract (sources.py)
     source.publish(model, version)     # one ray.put per bucket, shared by every worker on a node
+    source.set_weights(published)      # or weights a trainer actor already put there
 
 Each step's tasks are split across the workers, whole groups together. A worker that dies
 mid-step is replaced, loaded with the current weights, and its share is run again; results
@@ -72,6 +74,20 @@ def connect(cfg: ClusterConfig) -> bool:
     finally:
         pool.shutdown(wait=False)
     return False
+
+
+# A weight version in the object store: (version, layout, one ref per bucket).
+Published = tuple[int, list[Slot], list]
+
+
+def put_weights(state: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> Published:
+    """Pack a state dict into buckets and put each in the object store once; every worker on
+    a node then reads the same shared-memory copy. Called by whoever holds the weights (the
+    driver, or the rank-0 trainer actor, which then owns the objects)."""
+    import ray
+
+    buckets, layout = pack(state, bucket_bytes)
+    return version, layout, [ray.put(b) for b in buckets]
 
 
 class RolloutWorker:
@@ -143,10 +159,13 @@ class RaySource:
         return self._actor.remote(self.model_config, self.tok, self.env, self.backend)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        import ray
+        """The driver's weights for the workers (the trainer runs in the driver)."""
+        self.set_weights(put_weights(model.state_dict(), version, self.cfg.bucket_mb << 20))
 
-        buckets, layout = pack(model.state_dict(), self.cfg.bucket_mb << 20)
-        self._weights = (version, layout, [ray.put(b) for b in buckets])
+    def set_weights(self, weights: "Published") -> None:
+        """Weights already in the object store (a trainer actor put them there); each worker
+        loads them before its next call."""
+        self._weights = weights
 
     def _submit(self, i: int, tasks: list[Task], params: SamplingParams, group: int):
         version, layout, refs = self._weights
