@@ -226,3 +226,26 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
         assert again.step_count == 3
     finally:
         again.close()
+
+
+def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_ray):
+    import torch
+
+    from gymloop.checkpoint import load_model
+    from gymloop.cluster.ray_backend import ClusterError
+    from gymloop.cluster.ray_trainer import TrainerGroup
+    from gymloop.logprobs import make_batch
+
+    model, tok = load_model(tiny_model_dir)
+    group = TrainerGroup(model, {"lr": 1e-2}, ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5,
+                                                            step_timeout_s=20))
+    try:
+        ray.kill(group.ranks[1])
+        batch = make_batch([[5, 6, 7], [5, 6, 9]], [[0, 1, 1], [0, 1, 1]], None, tok.pad_token_id)
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match="trainer actor"):
+            group.grpo_step(batch, torch.tensor([1.0, -1.0]), temperature=1.0, clip_low=0.2, clip_high=0.2,
+                            beta=0.0, loss_agg="token-mean")
+        assert time.monotonic() - t0 < 30
+    finally:
+        group.close()

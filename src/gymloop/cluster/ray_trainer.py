@@ -134,6 +134,8 @@ class TrainerGroup:
         except ray.exceptions.RayActorError as exc:
             raise ClusterError(f"{what}: a trainer actor died, and its optimizer state with it; "
                                f"resume from the last checkpoint (init_trainer_state). {exc}") from None
+        except ray.exceptions.RayTaskError as exc:      # e.g. a collective whose peer is gone
+            raise ClusterError(f"{what} failed on a trainer actor: {exc.cause!r}") from None
 
     def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, **kwargs) -> dict:
         """Trainer.grpo_step on `world` ranks; batch [N, L], advantages [N]."""
