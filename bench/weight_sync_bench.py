@@ -40,6 +40,7 @@ def ray_sync(model: torch.nn.Module, tok) -> tuple[float, float]:
     worker = ray.remote(num_cpus=1)(RolloutWorker).remote(model.config, tok, None)
     buckets, layout = pack(model.state_dict(), 64 << 20)
     trainer = ray.remote(num_cpus=1)(TrainerRank).remote(model.config, {"lr": 1e-4}, 1, layout, *buckets)
+    ray.get(trainer.setup.remote(None, 0, 1, 60.0, False))
 
     def from_driver():
         version, layout, refs = put_weights(model.state_dict(), 3, 64 << 20)

@@ -26,7 +26,10 @@ def test_example_config_validates(path):
     assert cfg.model == "nano"
 
 
-def test_trainer_actors_need_the_ray_backend():
+def test_trainer_actors_need_the_ray_backend_and_fsdp_needs_two():
     with pytest.raises(ValueError, match="cluster.trainers needs backend: ray"):
         ClusterConfig(trainers=2)
     assert ClusterConfig(backend="ray", trainers=2).trainers == 2
+    with pytest.raises(ValueError, match="cluster.fsdp .* needs trainers >= 2"):
+        ClusterConfig(backend="ray", trainers=1, fsdp=True)
+    assert ClusterConfig(backend="ray", trainers=2, fsdp=True).fsdp

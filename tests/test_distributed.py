@@ -1,11 +1,13 @@
 """Data-parallel training: 2 processes (gloo) follow the same loss curve as 1 process on the
-same global batch, because each rank divides by the global token count and gradients are summed."""
+same global batch, because each rank divides by the global token count and gradients are summed;
+with whole replicas (DDP) and with sharded ones (FSDP)."""
 from __future__ import annotations
 
 import copy
 import multiprocessing as mp
 import socket
 
+import pytest
 import torch
 
 from gymloop.logprobs import make_batch, token_logprobs
@@ -41,29 +43,55 @@ def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1) -> list[fl
         if world > 1:
             torch.distributed.all_reduce(loss)   # each rank's loss is its share of the global mean
         losses.append(float(loss))
-    return losses
+    return losses, trainer
 
 
-def _worker(rank, port, state, vocab, out):
+def _worker(rank, port, state, vocab, out, fsdp=False):
+    from gymloop import sharding
+
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         model = tiny_llama(vocab)
         model.load_state_dict(state)
+        if fsdp:
+            sharding.shard(model, 2)
         seqs, masks, adv = global_batch(vocab)
-        losses = run_steps(model, seqs, masks, adv, rank, 2)
+        losses, trainer = run_steps(model, seqs, masks, adv, rank, 2)
+        weights = sharding.full_weights(model)           # a collective under FSDP: both ranks
+        opt = trainer.state()["opt"]
         if rank == 0:   # plain lists: a tensor sent through a queue needs its sender alive
-            out.put((losses, {k: v.flatten().tolist() for k, v in model.state_dict().items()}))
+            moments = [opt["state"][i]["exp_avg"].flatten().tolist() for i in sorted(opt["state"])]
+            out.put((losses, {k: v.flatten().tolist() for k, v in weights.items()}, moments,
+                     sharding.is_sharded(model)))
         torch.distributed.barrier()   # neither leaves while the other's gloo threads still talk to it
     finally:
         torch.distributed.destroy_process_group()
 
 
-def test_two_process_ddp_matches_one_process(tok):
+def _result(out, procs, timeout_s: float = 120.0):
+    """Rank 0's result; fails at once (not after the timeout) when a rank has crashed."""
+    import queue
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a rank exited with {dead}"
+    raise AssertionError("no result within the timeout")
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_processes_match_one_process(tok, fsdp):
+    """DDP (whole model per rank, one all-reduce) and FSDP (1/2 of parameters, gradients and
+    optimizer state per rank): the loss curve, the weights and Adam's moments of one process."""
     model = tiny_llama(tok.vocab_size, seed=4)
     state = copy.deepcopy(model.state_dict())
     seqs, masks, adv = global_batch(tok.vocab_size)
-    single = run_steps(model, seqs, masks, adv)
+    single, trainer = run_steps(model, seqs, masks, adv)
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -71,17 +99,23 @@ def test_two_process_ddp_matches_one_process(tok):
     s.close()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, state, tok.vocab_size, out)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, state, tok.vocab_size, out, fsdp)) for r in range(2)]
     for p in procs:
         p.start()
-    losses, weights = out.get(timeout=120)
+    losses, weights, moments, sharded = _result(out, procs)
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
+    assert sharded == fsdp
     assert max(abs(a - b) for a, b in zip(single, losses)) <= 1e-4, (single, losses)
     assert len(set(round(x, 6) for x in single)) > 1                  # the loss really moved
     worst = max((torch.tensor(weights[k]) - v.flatten()).abs().max().item() for k, v in model.state_dict().items())
     assert worst <= 1e-4, worst
+    # the optimizer state comes back whole, in the unsharded layout (an unsharded trainer loads it)
+    mine = trainer.state()["opt"]["state"]
+    assert len(moments) == len(mine)
+    assert max((torch.tensor(m) - mine[i]["exp_avg"].flatten()).abs().max().item()
+               for m, i in zip(moments, sorted(mine))) <= 1e-5
 
 
 def test_shard_batch_pads_short_ranks_with_rows_that_train_nothing(tok):

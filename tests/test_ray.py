@@ -165,21 +165,27 @@ def _train_records(summary) -> list[dict]:
 
 
 def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_model_dir, local_ray, monkeypatch):
-    """Data-parallel training as Ray actors (gloo): the same global batch gives the same
-    gradient, loss curve and weights as the trainer in the driver (test_distributed.py holds
-    the raw 2-process check at 1e-4)."""
-    import torch
-
-    from gymloop.checkpoint import load_model
+    """Data-parallel training as Ray actors (gloo), whole replicas and sharded (FSDP): the same
+    global batch gives the same gradient, loss curve and weights as the trainer in the driver
+    (test_distributed.py holds the raw 2-process checks at 1e-4)."""
     from gymloop.train import train
 
     monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
     runs = {}
-    for n in (0, 2):
+    for name, cluster in (("driver", {}), ("ddp", {"trainers": 2}), ("fsdp", {"trainers": 2, "fsdp": True})):
         # a small learning rate keeps Adam's amplified rounding (below) small
-        cfg = _cfg(tmp_path / f"t{n}", tiny_model_dir, grpo={"steps": 8, "lr": 1e-3}, trainers=n, trainer_cpus=0.5)
-        runs[n] = train(cfg, progress=False, echo=lambda m: None)
-    one, two = (_train_records(runs[n]) for n in (0, 2))
+        cfg = _cfg(tmp_path / name, tiny_model_dir, grpo={"steps": 8, "lr": 1e-3}, trainer_cpus=0.5, **cluster)
+        runs[name] = train(cfg, progress=False, echo=lambda m: None)
+    for two in ("ddp", "fsdp"):
+        _same_curve_and_weights(runs["driver"], runs[two], tiny_model_dir)
+
+
+def _same_curve_and_weights(driver: dict, actors: dict, tiny_model_dir) -> None:
+    import torch
+
+    from gymloop.checkpoint import load_model
+
+    one, two = _train_records(driver), _train_records(actors)
     assert [r["reward"] for r in one] == [r["reward"] for r in two]          # the same rollouts
     # on-policy, one pass: the loss's value is 0 and its gradient is the signal
     # Step 1 starts from the same weights: only the order of the gradient's sums differs.
@@ -190,40 +196,50 @@ def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_mode
         assert max(abs(a[key] - b[key]) / max(1.0, abs(a[key])) for a, b in zip(one, two)) <= 1e-4, \
             (key, [(a[key], b[key]) for a, b in zip(one, two)])
     assert len({round(r["grad_norm"], 6) for r in one}) > 1 and min(r["grad_norm"] for r in one) > 0
-    assert runs[2]["optimizer_steps"] == runs[0]["optimizer_steps"] == 8
-    (m0, _), (m2, _) = (load_model(Path(runs[n]["run_dir"]) / "checkpoint") for n in (0, 2))
+    assert actors["optimizer_steps"] == driver["optimizer_steps"] == 8
+    (m0, _), (m2, _) = (load_model(Path(r["run_dir"]) / "checkpoint") for r in (driver, actors))
     base, _ = load_model(tiny_model_dir)
     moved = max((a - b).abs().max().item() for a, b in zip(m0.state_dict().values(), base.state_dict().values()))
     worst = max((a - b).abs().max().item() for a, b in zip(m0.state_dict().values(), m2.state_dict().values()))
     assert moved > 5e-3 and worst <= 1e-3, (moved, worst)     # under one Adam step (lr 1e-3) apart
-    assert torch.load(Path(runs[2]["run_dir"]) / "checkpoint" / "trainer_state.pt", weights_only=True)["opt"]["state"]
+    # the optimizer state comes back whole: the driver's trainer would resume from either file
+    saved = [torch.load(Path(r["run_dir"]) / "checkpoint" / "trainer_state.pt", weights_only=True)["opt"]
+             for r in (driver, actors)]
+    assert saved[0]["param_groups"][0]["params"] == saved[1]["param_groups"][0]["params"]
+    assert max((saved[0]["state"][i]["exp_avg"] - saved[1]["state"][i]["exp_avg"]).abs().max().item()
+               for i in saved[0]["state"]) <= 1e-3
 
 
-def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_path, tiny_model_dir, local_ray):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_path, tiny_model_dir, local_ray, fsdp):
     """A rank with fewer rows than minibatches is padded (same collectives on every rank), and
     the optimizer state saved by a group is the one a new group resumes from."""
+    import torch
+
     from gymloop.checkpoint import load_model
     from gymloop.cluster.ray_trainer import TrainerGroup
     from gymloop.logprobs import make_batch
 
     model, tok = load_model(tiny_model_dir)
-    cfg = ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5, step_timeout_s=60)
-    group = TrainerGroup(model, {"lr": 1e-2}, cfg)
+    cfg = ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5, step_timeout_s=60, fsdp=fsdp)
+    group = TrainerGroup(model, {"lr": 1e-2, "ref_model": True}, cfg)   # with a KL reference (FSDP shards it too)
     try:
         seqs = [[5, 6, 7, 8], [5, 6, 9], [7, 7, 7, 7, 7]]                      # 3 rows, 2 ranks, 3 minibatches
         batch = make_batch(seqs, [[0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]], None, tok.pad_token_id)
-        import torch
         adv = torch.tensor([1.0, -1.0, 0.5])
-        m = group.grpo_step(batch, adv, temperature=1.0, clip_low=0.2, clip_high=0.2, beta=0.0,
+        m = group.grpo_step(batch, adv, temperature=1.0, clip_low=0.2, clip_high=0.2, beta=0.1,
                             loss_agg="token-mean", minibatches=3)
-        assert group.step_count == 3 and m["grad_norm"] > 0
+        assert group.step_count == 3 and m["grad_norm"] > 0 and m["kl_ref"] > 0
         group.save_state(tmp_path / "ckpt")
     finally:
         group.close()
-    again = TrainerGroup(model, {"lr": 1e-2}, cfg)
+    again = TrainerGroup(model, {"lr": 1e-2, "ref_model": True}, cfg)
     try:
         again.load_state(tmp_path / "ckpt")
         assert again.step_count == 3
+        again.save_state(tmp_path / "again")             # what was loaded is what is saved
+        a, b = (torch.load(tmp_path / d / "trainer_state.pt", weights_only=True)["opt"]["state"] for d in ("ckpt", "again"))
+        assert a.keys() == b.keys() and all(torch.equal(a[i]["exp_avg_sq"], b[i]["exp_avg_sq"]) for i in a)
     finally:
         again.close()
 

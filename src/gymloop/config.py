@@ -124,11 +124,16 @@ class ClusterConfig(_Strict):
                           "N data-parallel ranks (torch.distributed, gloo) as Ray actors, each step's batch "
                           "split across them; rank 0 publishes the weights to the rollout workers.")
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer actor.")
+    fsdp: bool = Field(False, description="Shard parameters, gradients and optimizer state across the "
+                       "trainer ranks (FSDP2, one unit per decoder layer): each holds 1/trainers of them. "
+                       "Needs trainers >= 2.")
 
     @model_validator(mode="after")
     def _trainers_need_ray(self) -> "ClusterConfig":
         if self.trainers and self.backend != "ray":
             raise ValueError("cluster.trainers needs backend: ray (the local backend trains in this process)")
+        if self.fsdp and self.trainers < 2:
+            raise ValueError("cluster.fsdp shards across trainer ranks: it needs trainers >= 2")
         return self
 
 

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from . import sharding
 from .algorithms.grpo import LossAgg, group_advantages, grpo_loss
 from .logprobs import TokenBatch, make_batch, token_logprobs
 from .rollout import Rollout
@@ -82,9 +83,11 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
 
     Gradients are flattened into one bucket so a step is one collective, not one per tensor.
     """
-    if not _distributed():
+    if not _distributed() or sharding.is_sharded(model):    # FSDP reduced them in backward
         return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
     flat = torch.cat([g.reshape(-1) for g in grads])
     torch.distributed.all_reduce(flat)
     offset = 0
@@ -107,7 +110,8 @@ class Trainer:
     """AdamW over a model's parameters with warm-up, clipping and checkpoints."""
 
     def __init__(self, model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
-                 warmup_steps: int = 0, max_grad_norm: float = 1.0, ref_model: bool = False,
+                 warmup_steps: int = 0, max_grad_norm: float = 1.0,
+                 ref_model: bool | torch.nn.Module = False,
                  betas: tuple[float, float] = (0.9, 0.99), decay_steps: int | None = None,
                  min_lr_ratio: float = 0.1) -> None:
         self.model = model
@@ -118,7 +122,12 @@ class Trainer:
                                         min_ratio=min_lr_ratio))
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
-        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
+        # True: a frozen copy of the model as it is now. A sharded (FSDP) model cannot be
+        # copied, so its ranks pass a reference they built and sharded themselves.
+        if isinstance(ref_model, torch.nn.Module):
+            self.ref = ref_model.eval().requires_grad_(False)
+        else:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
 
     def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, *, temperature: float,
                   clip_low: float, clip_high: float, beta: float, loss_agg: LossAgg,
@@ -164,14 +173,20 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.step_count += 1
-        return float(norm)
+        return float(sharding.full(norm))
 
     def state(self) -> dict:
-        """Optimizer, scheduler and step count (the model is saved by checkpoint.save_model)."""
-        return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step_count}
+        """Optimizer, scheduler and step count (the model is saved by checkpoint.save_model).
+        Under FSDP a collective, and the optimizer part is whole on rank 0 only."""
+        opt = (sharding.optimizer_state(self.model, self.opt) if sharding.is_sharded(self.model)
+               else self.opt.state_dict())
+        return {"opt": opt, "sched": self.sched.state_dict(), "step": self.step_count}
 
     def set_state(self, state: dict) -> None:
-        self.opt.load_state_dict(state["opt"])
+        if sharding.is_sharded(self.model):
+            sharding.load_optimizer_state(self.model, self.opt, state["opt"])
+        else:
+            self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
         self.step_count = state["step"]
 

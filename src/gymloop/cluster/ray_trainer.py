@@ -1,5 +1,6 @@
 """The trainer as Ray actors: N data-parallel ranks (torch.distributed over gloo), each with
-the model and its optimizer; the driver routes batches and never holds a gradient.
+the model and its optimizer, or 1/N of them with `fsdp` (sharding.py); the driver routes
+batches and never holds a gradient.
 
     group = TrainerGroup(model, trainer_kwargs, cluster_cfg, threads)
     metrics = group.grpo_step(batch, advantages, **loss_kw)  # rows split across the ranks
@@ -14,12 +15,14 @@ than `step_timeout_s`.
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from datetime import timedelta
 
 import torch
 
+from .. import sharding
 from ..config import ClusterConfig
 from ..logprobs import TokenBatch
 from ..trainer import Trainer, read_state, write_state
@@ -34,9 +37,10 @@ class TrainerRank:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        model = AutoModelForCausalLM.from_config(model_config)
-        model.load_state_dict({k: v.clone() for k, v in unpack(list(buckets), layout).items()})
-        self.trainer = Trainer(model.eval(), **trainer_kwargs)
+        self.model = AutoModelForCausalLM.from_config(model_config).eval()
+        self.model.load_state_dict({k: v.clone() for k, v in unpack(list(buckets), layout).items()})
+        self.kwargs, self.rank = trainer_kwargs, 0
+        self.trainer: Trainer | None = None
 
     def rendezvous(self) -> str:
         """An address on this rank's node for the process group (rank 0 is asked)."""
@@ -47,19 +51,36 @@ class TrainerRank:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def join(self, init_method: str, rank: int, world: int, timeout_s: float) -> int:
-        torch.distributed.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                                             timeout=timedelta(seconds=timeout_s))
+    def setup(self, init_method: str | None, rank: int, world: int, timeout_s: float, fsdp: bool) -> int:
+        """Join the process group (world > 1), shard the model (FSDP), then build the
+        optimizer over the parameters as they now are."""
+        if world > 1:
+            torch.distributed.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                                                 timeout=timedelta(seconds=timeout_s))
+        kwargs = self.kwargs
+        if fsdp:
+            ref = None
+            if kwargs.get("ref_model"):      # copied while whole, then sharded like the model
+                ref = copy.deepcopy(self.model)
+                sharding.shard(ref, world)
+            sharding.shard(self.model, world)
+            kwargs = {**kwargs, "ref_model": ref or False}
+        self.rank = rank
+        self.trainer = Trainer(self.model, **kwargs)
         return rank
 
     def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, kwargs: dict) -> tuple[dict, int]:
         return self.trainer.grpo_step(batch, advantages, **kwargs), self.trainer.step_count
 
-    def publish(self, version: int, bucket_bytes: int) -> Published:
-        return put_weights(self.trainer.model.state_dict(), version, bucket_bytes)
+    def publish(self, version: int, bucket_bytes: int) -> Published | None:
+        """Rank 0 puts the weights in the object store. Under FSDP every rank is called, since
+        gathering whole tensors is a collective; the others return None."""
+        weights = sharding.full_weights(self.model)
+        return put_weights(weights, version, bucket_bytes) if self.rank == 0 else None
 
-    def state(self) -> dict:
-        return self.trainer.state()
+    def state(self) -> dict | None:
+        state = self.trainer.state()
+        return state if self.rank == 0 else None
 
     def set_state(self, state: dict) -> int:
         self.trainer.set_state(state)
@@ -116,12 +137,11 @@ class TrainerGroup:
         _, layout, refs = put_weights(model.state_dict(), 0, cfg.bucket_mb << 20)
         self.ranks = [actor.remote(model.config, trainer_kwargs, threads, layout, *refs) for _ in range(self.world)]
         self.step_count = 0
-        if self.world > 1:
-            init = self._get(self.ranks[0].rendezvous.remote(), "starting the trainer ranks")
-            self._get([a.join.remote(init, r, self.world, cfg.step_timeout_s) for r, a in enumerate(self.ranks)],
-                      "forming the trainers' process group")
-        else:
-            self._get(self.ranks[0].pid.remote(), "starting the trainer")
+        # ranks asked to gather whole weights or state: all of them under FSDP (a collective)
+        self._gather = self.ranks if cfg.fsdp else self.ranks[:1]
+        init = self._get(self.ranks[0].rendezvous.remote(), "starting the trainer ranks") if self.world > 1 else None
+        self._get([a.setup.remote(init, r, self.world, cfg.step_timeout_s, cfg.fsdp) for r, a in enumerate(self.ranks)],
+                  "forming the trainers' process group")
 
     def _get(self, refs, what: str):
         import ray
@@ -147,7 +167,8 @@ class TrainerGroup:
 
     def publish(self, version: int) -> Published:
         """Rank 0's weights, put in the object store by rank 0 (the driver gets only refs)."""
-        return self._get(self.ranks[0].publish.remote(version, self.cfg.bucket_mb << 20), "publishing weights")
+        return self._get([a.publish.remote(version, self.cfg.bucket_mb << 20) for a in self._gather],
+                         "publishing weights")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights in the driver (for the checkpoint)."""
@@ -155,7 +176,7 @@ class TrainerGroup:
         return {k: v.clone() for k, v in unpack(self._get(refs, "fetching weights"), layout).items()}
 
     def save_state(self, path) -> None:
-        write_state(path, self._get(self.ranks[0].state.remote(), "fetching the optimizer state"))
+        write_state(path, self._get([a.state.remote() for a in self._gather], "fetching the optimizer state")[0])
 
     def load_state(self, path) -> None:
         state = read_state(path)
