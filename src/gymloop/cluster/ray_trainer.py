@@ -139,9 +139,13 @@ class TrainerGroup:
         self.step_count = 0
         # ranks asked to gather whole weights or state: all of them under FSDP (a collective)
         self._gather = self.ranks if cfg.fsdp else self.ranks[:1]
-        init = self._get(self.ranks[0].rendezvous.remote(), "starting the trainer ranks") if self.world > 1 else None
-        self._get([a.setup.remote(init, r, self.world, cfg.step_timeout_s, cfg.fsdp) for r, a in enumerate(self.ranks)],
-                  "forming the trainers' process group")
+        try:
+            init = self._get(self.ranks[0].rendezvous.remote(), "starting the trainer ranks") if self.world > 1 else None
+            self._get([a.setup.remote(init, r, self.world, cfg.step_timeout_s, cfg.fsdp)
+                       for r, a in enumerate(self.ranks)], "forming the trainers' process group")
+        except BaseException:
+            self.close()           # on a shared cluster, actors would outlive this driver's error
+            raise
 
     def _get(self, refs, what: str):
         import ray
