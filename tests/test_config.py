@@ -33,3 +33,27 @@ def test_trainer_actors_need_the_ray_backend_and_fsdp_needs_two():
     with pytest.raises(ValueError, match="cluster.fsdp .* needs trainers >= 2"):
         ClusterConfig(backend="ray", trainers=1, fsdp=True)
     assert ClusterConfig(backend="ray", trainers=2, fsdp=True).fsdp
+
+
+def test_cuda_with_a_forked_collector_is_a_clear_error():
+    from gymloop.config import TrainConfig
+
+    with pytest.raises(ValueError, match="collector: thread"):
+        TrainConfig.model_validate({"device": "cuda", "grpo": {"max_staleness": 1}})
+    with pytest.raises(ValueError, match="collector: thread"):
+        LoopConfig.model_validate({"device": "cuda", "grpo": {"max_staleness": 1}})
+    ok = TrainConfig.model_validate({"device": "cuda", "grpo": {"max_staleness": 1, "collector": "thread"}})
+    assert ok.device == "cuda"
+
+
+def test_device_cuda_without_a_gpu_says_so(tmp_path, tiny_model_dir):
+    import torch
+
+    from gymloop.config import TrainConfig
+    from gymloop.train import train
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cfg = TrainConfig.model_validate({"model": str(tiny_model_dir), "run_dir": str(tmp_path), "device": "cuda"})
+    with pytest.raises(ValueError, match="torch sees no GPU"):
+        train(cfg, progress=False, echo=lambda m: None)

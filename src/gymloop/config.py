@@ -124,6 +124,9 @@ class ClusterConfig(_Strict):
                           "N data-parallel ranks (torch.distributed, gloo) as Ray actors, each step's batch "
                           "split across them; rank 0 publishes the weights to the rollout workers.")
     trainer_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each trainer actor.")
+    trainer_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for each trainer actor. > 0: each "
+                                "rank trains on its GPU and the ranks talk over NCCL (else gloo on CPU); NCCL needs a GPU "
+                                "of its own per rank, so use 1 with trainers >= 2.")
     fsdp: bool = Field(False, description="Shard parameters, gradients and optimizer state across the "
                        "trainer ranks (FSDP2, one unit per decoder layer): each holds 1/trainers of them. "
                        "Needs trainers >= 2.")
@@ -135,6 +138,14 @@ class ClusterConfig(_Strict):
         if self.fsdp and self.trainers < 2:
             raise ValueError("cluster.fsdp shards across trainer ranks: it needs trainers >= 2")
         return self
+
+
+def check_device(device: str, grpo: GRPOConfig, cluster: ClusterConfig) -> None:
+    """A forked collector process cannot use CUDA: on a GPU, asynchronous training collects in
+    a thread or on Ray."""
+    if device == "cuda" and grpo.max_staleness and grpo.collector == "process" and cluster.backend == "local":
+        raise ValueError("device: cuda with max_staleness > 0 needs grpo.collector: thread (a forked "
+                         "collector process cannot use CUDA) or cluster.backend: ray")
 
 
 class TrainConfig(_Strict):
@@ -153,6 +164,16 @@ class TrainConfig(_Strict):
         None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
     )
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
+        "(asynchronous training then needs grpo.collector: thread, or backend: ray, since a forked "
+        "process cannot use CUDA). Ray actors are placed by cluster: rollout workers on CPUs, trainer "
+        "actors on GPUs with cluster.trainer_gpus.")
+
+    @model_validator(mode="after")
+    def _cuda_collector(self) -> "TrainConfig":
+        check_device(self.device, self.grpo, self.cluster)
+        return self
     init_trainer_state: str | None = Field(
         None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")

@@ -28,6 +28,10 @@ class TokenBatch:
         return TokenBatch(self.input_ids[rows], self.attention_mask[rows], self.loss_mask[rows],
                           self.old_logp[rows])
 
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
+                          self.loss_mask.to(device), self.old_logp.to(device))
+
     def trim(self) -> "TokenBatch":
         """Without the padding columns no row needs: [N, L] -> [N, longest row]."""
         width = int(self.attention_mask.sum(-1).max()) if len(self) else 0

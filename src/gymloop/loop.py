@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .checkpoint import load_model, resolve_model
-from .config import ClusterConfig, CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict
+from .config import ClusterConfig, CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict, check_device
 from .engine import Engine
 from .envs import Task, make_env
 from .evaluate import evaluate
@@ -86,6 +86,8 @@ class LoopConfig(_Strict):
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting of every round.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers of every round.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where each round's roles (rollouts, evaluation, trainer) run.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where each round's trainer and its engine run "
+                                           "(TrainConfig.device); gate evaluations and serving stay on the CPU.")
 
     @field_validator("grpo")
     @classmethod
@@ -96,6 +98,11 @@ class LoopConfig(_Strict):
             raise ValueError("grpo.lr_schedule must be 'constant' in a loop (it never ends; a decay would "
                              "leave every round after the first at the floor)")
         return g
+
+    @model_validator(mode="after")
+    def _cuda_collector(self) -> "LoopConfig":
+        check_device(self.device, self.grpo, self.cluster)
+        return self
 
 
 def suite_scores(model_dir: str, suites: list[str], cfg: LoopConfig) -> dict[str, float]:
@@ -222,7 +229,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             model=start_dir, env=cfg.env, sampling=cfg.sampling, grpo=cfg.grpo,
             eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.eval_max_new_tokens),
             seed=cfg.seed * 1000 + r, threads=cfg.threads, run_dir=str(loop_dir),
-            cost=cfg.cost, logging=cfg.logging, cluster=cfg.cluster,
+            cost=cfg.cost, logging=cfg.logging, cluster=cfg.cluster, device=cfg.device,
             name=f"round-{r:04d}", init_trainer_state=start_dir if has_state else None)
         with phases.time("curriculum"):
             source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)

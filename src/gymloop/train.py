@@ -83,6 +83,11 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     run = RunDir(cfg.run_dir, cfg.name, cfg, cfg.logging)
     echo(f"run directory: {run.path}")
     model, tok = load_model(model_path)
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device: cuda, but torch sees no GPU (torch.cuda.is_available() is False; "
+                             "a CPU-only torch wheel?)")
+        model.to("cuda")
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
     env = make_env(cfg.env.name, **cfg.env.options)

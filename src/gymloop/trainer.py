@@ -138,6 +138,8 @@ class Trainer:
         log-probs stored in the batch, so later passes over the same batch stay correct.
         """
         self.model.train()
+        device = next(self.model.parameters()).device      # rollouts arrive on the CPU
+        batch, advantages = batch.to(device), advantages.to(device)
         ref_logp = None
         if self.ref is not None and beta > 0:
             with torch.no_grad():
@@ -148,7 +150,7 @@ class Trainer:
         # Seeded by the step count, so a run is reproducible from its config.
         gen = torch.Generator().manual_seed(self.step_count)
         for _ in range(epochs):
-            order = torch.randperm(n, generator=gen) if minibatches > 1 else torch.arange(n)
+            order = (torch.randperm(n, generator=gen) if minibatches > 1 else torch.arange(n)).to(device)
             # tensor_split, not chunk: always `minibatches` parts, so every data-parallel
             # rank runs the same number of collectives
             for idx in order.tensor_split(minibatches):

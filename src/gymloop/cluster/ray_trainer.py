@@ -1,6 +1,6 @@
-"""The trainer as Ray actors: N data-parallel ranks (torch.distributed over gloo), each with
-the model and its optimizer, or 1/N of them with `fsdp` (sharding.py); the driver routes
-batches and never holds a gradient.
+"""The trainer as Ray actors: N data-parallel ranks (torch.distributed: gloo on CPUs, NCCL on
+GPUs), each with the model and its optimizer, or 1/N of them with `fsdp` (sharding.py); the
+driver routes batches and never holds a gradient.
 
     group = TrainerGroup(model, trainer_kwargs, cluster_cfg, threads)
     metrics = group.grpo_step(batch, advantages, **loss_kw)  # rows split across the ranks
@@ -51,12 +51,18 @@ class TrainerRank:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def setup(self, init_method: str | None, rank: int, world: int, timeout_s: float, fsdp: bool) -> int:
-        """Join the process group (world > 1), shard the model (FSDP), then build the
-        optimizer over the parameters as they now are."""
+    def setup(self, init_method: str | None, rank: int, world: int, timeout_s: float, fsdp: bool,
+              gpu: bool = False) -> int:
+        """Move to this actor's GPU (Ray sets CUDA_VISIBLE_DEVICES to the one it reserved), join
+        the process group (world > 1: NCCL between GPUs, gloo between CPUs), shard the model
+        (FSDP), then build the optimizer over the parameters as they now are."""
+        if gpu:
+            if not torch.cuda.is_available():
+                raise RuntimeError("cluster.trainer_gpus > 0, but this trainer actor sees no GPU")
+            self.model.to("cuda")
         if world > 1:
-            torch.distributed.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                                                 timeout=timedelta(seconds=timeout_s))
+            torch.distributed.init_process_group("nccl" if gpu else "gloo", init_method=init_method, rank=rank,
+                                                 world_size=world, timeout=timedelta(seconds=timeout_s))
         kwargs = self.kwargs
         if fsdp:
             ref = None
@@ -133,7 +139,7 @@ class TrainerGroup:
         import ray
 
         self.cfg, self.world = cfg, cfg.trainers
-        actor = ray.remote(num_cpus=cfg.trainer_cpus, max_restarts=0)(TrainerRank)
+        actor = ray.remote(num_cpus=cfg.trainer_cpus, num_gpus=cfg.trainer_gpus, max_restarts=0)(TrainerRank)
         _, layout, refs = put_weights(model.state_dict(), 0, cfg.bucket_mb << 20)
         self.ranks = [actor.remote(model.config, trainer_kwargs, threads, layout, *refs) for _ in range(self.world)]
         self.step_count = 0
@@ -141,7 +147,7 @@ class TrainerGroup:
         self._gather = self.ranks if cfg.fsdp else self.ranks[:1]
         try:
             init = self._get(self.ranks[0].rendezvous.remote(), "starting the trainer ranks") if self.world > 1 else None
-            self._get([a.setup.remote(init, r, self.world, cfg.step_timeout_s, cfg.fsdp)
+            self._get([a.setup.remote(init, r, self.world, cfg.step_timeout_s, cfg.fsdp, cfg.trainer_gpus > 0)
                        for r, a in enumerate(self.ranks)], "forming the trainers' process group")
         except BaseException:
             self.close()           # on a shared cluster, actors would outlive this driver's error

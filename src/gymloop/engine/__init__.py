@@ -39,12 +39,17 @@ class Engine:
         self.version = version
         self.backend = pick_backend(model, backend)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (the engine generates there)."""
+        return next(self.model.parameters()).device
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> GenerationBatch:
         """Sample a completion for every prompt. `on_token(i, token_id)` streams tokens of prompt i."""
         gen = None
         if params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
         t0 = time.perf_counter()
         outs: list[Generation] = []
         for i in range(0, len(prompts), self.max_batch):

@@ -19,6 +19,10 @@ class HFBackend:
         # transformers 5 renamed `past_key_values` to `cache`; accept either.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def _call(self, ids, mask, pos):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          **{self._cache_kw: self.cache})

@@ -58,6 +58,10 @@ class LlamaBackend:
         self._cos = self._sin = torch.empty(0)
         self.refresh()
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
     def refresh(self) -> None:
         """Re-read parameter references (after the model's tensors were replaced)."""
         m = self.model
@@ -77,11 +81,11 @@ class LlamaBackend:
 
     # --- rotary table ---------------------------------------------------------------
     def _rope_table(self, n: int) -> None:
-        if self._cos.shape[0] >= n:
+        if self._cos.shape[0] >= n and self._cos.device == self.device:
             return
         n = max(n, 2 * self._cos.shape[0], 64)
         f = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq  # [n, D/2]
-        f = torch.cat([f, f], -1)                                           # [n, D]
+        f = torch.cat([f, f], -1).to(self.device)                           # [n, D]
         self._cos, self._sin = f.cos(), f.sin()
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -127,15 +131,16 @@ class LlamaBackend:
         self._rope_table(total)
         L = len(self.layers)
         dtype = self.embed.dtype
-        self.k = torch.zeros(L, B, self.n_kv, total, self.head_dim, dtype=dtype)
+        dev = ids.device
+        self.k = torch.zeros(L, B, self.n_kv, total, self.head_dim, dtype=dtype, device=dev)
         self.v = torch.zeros_like(self.k)
-        self.key_mask = torch.zeros(B, total, dtype=torch.bool)
+        self.key_mask = torch.zeros(B, total, dtype=torch.bool, device=dev)
         self.key_mask[:, :P] = mask
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)           # [B, P] real-token positions
         self.next_pos = mask.long().sum(-1)                       # [B]
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         # A padding query sees only itself, so no softmax row is empty (which would be NaN).
-        attn = (causal & mask[:, None, :]) | torch.eye(P, dtype=torch.bool)
+        attn = (causal & mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)
         self.t = P
         return self._forward(ids, pos, attn[:, None], 0)
 

@@ -60,6 +60,7 @@ class Backend(Protocol):
     """
 
     can_compact: bool
+    device: torch.device          # where start/step expect their inputs
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor: ...
     def step(self, tok: torch.Tensor) -> torch.Tensor: ...
@@ -89,8 +90,9 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B, P] and mask [B, P] with prompts right-aligned (left padding)."""
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, P] and mask [B, P] on `device`, with prompts right-aligned (left padding)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.bool)
@@ -98,7 +100,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
         if len(p):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = True
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def _hits_stop(tokens: list[int], stops: tuple[str, ...], decode: Callable[[list[int]], str],
@@ -127,7 +129,8 @@ def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: S
     outs = [Generation([], [], "length") for _ in prompts]
     live = list(range(len(prompts)))        # original index of each backend row
     done_in_cache: list[int] = []           # backend rows that finished but still occupy cache
-    ids, mask = left_pad(prompts, pad_id)
+    device = generator.device if generator is not None else backend.device
+    ids, mask = left_pad(prompts, pad_id, device)
     logits = backend.start(ids, mask, params.max_new_tokens)
     for step in range(params.max_new_tokens):
         tok, logp = sample_next(logits, params.temperature, params.top_p, generator)
@@ -147,7 +150,7 @@ def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: S
         if backend.can_compact and len(done_in_cache) >= compact_fraction * len(live):
             gone = set(done_in_cache)
             rows = [r for r in range(len(live)) if r not in gone]
-            backend.keep(torch.tensor(rows, dtype=torch.long))
+            backend.keep(torch.tensor(rows, dtype=torch.long, device=device))
             live = [live[r] for r in rows]
             tok = tok[rows]
             done_in_cache = []

@@ -1,0 +1,76 @@
+"""The GPU path (`device: cuda`; Ray trainer actors with `trainer_gpus`): the same checks as on
+the CPU, on the GPU. Skipped without one; on a GPU machine `make test TORCH=torch` runs them.
+
+- the engine's log-probs equal a full forward pass on the GPU (both backends);
+- a trainer step on the GPU takes the CPU's step (gradient norm, weights);
+- a short `gymloop train` run with `device: cuda` learns the digit task, synchronous and with a
+  collector thread, and its checkpoint loads on the CPU.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gymloop.engine import Engine, SamplingParams
+from gymloop.envs import REGISTRY
+from gymloop.logprobs import make_batch, token_logprobs
+from gymloop.trainer import Trainer
+
+from conftest import tiny_llama
+from test_train import DigitEnv, _digit_cfg
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda.is_available())")
+
+PROMPTS = [[3, 10, 11, 12], [3, 20, 21, 22, 23, 24, 25, 26], [3, 30]]
+
+
+@pytest.mark.parametrize("backend", ["llama", "hf"])
+def test_engine_logprobs_match_full_forward_on_gpu(tok, backend):
+    model = tiny_llama(tok.vocab_size, kv_heads=2).cuda()
+    eng = Engine(model, tok.pad_token_id, backend=backend)
+    assert eng.device.type == "cuda"
+    out = eng.generate(PROMPTS * 4, SamplingParams(max_new_tokens=12, temperature=0.7, seed=1))
+    worst = 0.0
+    for p, g in zip(PROMPTS * 4, out.generations):
+        batch = make_batch([p + g.token_ids], [[0] * len(p) + [1] * len(g.token_ids)], None, 0).to("cuda")
+        with torch.no_grad():
+            ref = token_logprobs(model, batch, 0.7)[0, len(p):].cpu()
+        worst = max(worst, (ref - torch.tensor(g.logprobs)).abs().max().item())
+    assert worst <= 1e-4, worst
+
+
+def test_a_trainer_step_on_gpu_is_the_cpu_step(tok):
+    cpu = tiny_llama(tok.vocab_size, seed=3)
+    gpu = copy.deepcopy(cpu).cuda()
+    seqs = [[5, 6, 7, 8, 9], [5, 9, 9], [7, 8, 9, 10]]
+    batch = make_batch(seqs, [[0, 1, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1]], None, 0)
+    with torch.no_grad():
+        batch.old_logp = token_logprobs(cpu, batch) * batch.loss_mask
+    adv = torch.tensor([1.0, -0.5, -0.5])
+    kw = dict(temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0, loss_agg="token-mean")
+    a = Trainer(cpu, lr=1e-3).grpo_step(batch, adv, **kw)
+    b = Trainer(gpu, lr=1e-3).grpo_step(batch, adv, **kw)       # the batch arrives on the CPU
+    assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
+    worst = max((x - y.cpu()).abs().max().item() for x, y in zip(cpu.state_dict().values(), gpu.state_dict().values()))
+    assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_short_run_on_gpu_learns(tmp_path, tiny_model_dir, monkeypatch, staleness):
+    from gymloop.checkpoint import load_model
+    from gymloop.train import train
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    cfg = _digit_cfg(tmp_path, tiny_model_dir, steps=30, max_staleness=staleness, collector="thread")
+    cfg = cfg.model_copy(update={"device": "cuda"})
+    s = train(cfg, progress=False, echo=lambda m: None)
+    recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward"] for r in recs if r["kind"] == "train"]
+    assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.3, rewards
+    assert s["final"]["pass1"] >= 0.9
+    model, _ = load_model(Path(s["run_dir"]) / "checkpoint")        # saved from the GPU, loads on the CPU
+    assert next(model.parameters()).device.type == "cpu"
