@@ -16,7 +16,6 @@ than `step_timeout_s`.
 from __future__ import annotations
 
 import copy
-import os
 import socket
 from datetime import timedelta
 
@@ -70,7 +69,7 @@ class TrainerRank:
                 ref = copy.deepcopy(self.model)
                 sharding.shard(ref, world)
             sharding.shard(self.model, world)
-            kwargs = {**kwargs, "ref_model": ref or False}
+            kwargs = {**kwargs, "ref_model": ref if ref is not None else False}
         self.rank = rank
         self.trainer = Trainer(self.model, **kwargs)
         return rank
@@ -95,9 +94,6 @@ class TrainerRank:
     def leave(self) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def shard_batch(batch: TokenBatch, advantages: torch.Tensor, world: int,
