@@ -4,7 +4,8 @@ the CPU, on the GPU. Skipped without one; on a GPU machine `make test TORCH=torc
 - the engine's log-probs equal a full forward pass on the GPU (both backends);
 - a trainer step on the GPU takes the CPU's step (gradient norm, weights);
 - a short `gymloop train` run with `device: cuda` learns the digit task, synchronous and with a
-  collector thread, and its checkpoint loads on the CPU.
+  collector thread, and its checkpoint loads on the CPU;
+- the same on Ray with the rollout worker and the trainer actor on the GPU.
 """
 from __future__ import annotations
 
@@ -74,3 +75,24 @@ def test_a_short_run_on_gpu_learns(tmp_path, tiny_model_dir, monkeypatch, stalen
     assert s["final"]["pass1"] >= 0.9
     model, _ = load_model(Path(s["run_dir"]) / "checkpoint")        # saved from the GPU, loads on the CPU
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_ray_rollout_worker_and_trainer_on_the_gpu_learn(tmp_path, tiny_model_dir, monkeypatch):
+    """One GPU shared by a rollout worker and a trainer actor (halves): the Ray path on a GPU."""
+    ray = pytest.importorskip("ray")
+    import test_train
+
+    from gymloop.train import train
+
+    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    ray.cloudpickle.register_pickle_by_value(test_train)
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        cfg = _digit_cfg(tmp_path, tiny_model_dir, steps=30)
+        cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={
+            "backend": "ray", "workers": 1, "worker_cpus": 0.5, "worker_gpus": 0.5,
+            "trainers": 1, "trainer_cpus": 0.5, "trainer_gpus": 0.5})})
+        s = train(cfg, progress=False, echo=lambda m: None)
+        assert s["final"]["pass1"] >= 0.9
+    finally:
+        ray.shutdown()

@@ -114,6 +114,8 @@ class ClusterConfig(_Strict):
     num_cpus: int = Field(2, ge=1, description="CPUs of the private local Ray instance.")
     workers: int = Field(2, ge=1, description="Rollout worker actors; each step's tasks are split across them.")
     worker_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker.")
+    worker_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for each rollout worker. > 0: its "
+                               "engine generates on the GPU (fractions share one GPU between workers).")
     connect_timeout_s: float = Field(20.0, gt=0, description="Fail with a clear error when the cluster does "
                                      "not answer within this.")
     step_timeout_s: float = Field(600.0, gt=0, description="Most seconds a step's rollouts may take before "
@@ -167,8 +169,8 @@ class TrainConfig(_Strict):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
         "(asynchronous training then needs grpo.collector: thread, or backend: ray, since a forked "
-        "process cannot use CUDA). Ray actors are placed by cluster: rollout workers on CPUs, trainer "
-        "actors on GPUs with cluster.trainer_gpus.")
+        "process cannot use CUDA). Ray actors are placed by cluster: rollout workers and trainer actors "
+        "on GPUs with cluster.worker_gpus and cluster.trainer_gpus.")
 
     @model_validator(mode="after")
     def _cuda_collector(self) -> "TrainConfig":

@@ -93,11 +93,15 @@ def put_weights(state: dict[str, torch.Tensor], version: int, bucket_bytes: int)
 class RolloutWorker:
     """Body of a rollout actor: a copy of the model in an engine, and the environment."""
 
-    def __init__(self, model_config, tok, env: Environment, backend: str = "auto") -> None:
+    def __init__(self, model_config, tok, env: Environment, backend: str = "auto", gpu: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
+        if gpu:              # Ray set CUDA_VISIBLE_DEVICES to the GPU it reserved for this actor
+            if not torch.cuda.is_available():
+                raise RuntimeError("cluster.worker_gpus > 0, but this rollout worker sees no GPU")
+            model.to("cuda")
         self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode)
         self.tok, self.env = tok, env
 
@@ -148,7 +152,7 @@ class RaySource:
         self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
         self.model_config = model.config
         self.owns_ray = connect(cfg)
-        self._actor = ray.remote(num_cpus=cfg.worker_cpus, max_restarts=0)(RolloutWorker)
+        self._actor = ray.remote(num_cpus=cfg.worker_cpus, num_gpus=cfg.worker_gpus, max_restarts=0)(RolloutWorker)
         self.replaced = 0                       # workers replaced after dying, over the run
         self.publish(model, 0)
         self.workers = [self._spawn() for _ in range(cfg.workers)]
@@ -156,7 +160,7 @@ class RaySource:
         self._ahead: dict | None = None          # the next step, already queued (asynchronous mode)
 
     def _spawn(self):
-        return self._actor.remote(self.model_config, self.tok, self.env, self.backend)
+        return self._actor.remote(self.model_config, self.tok, self.env, self.backend, self.cfg.worker_gpus > 0)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The driver's weights for the workers (the trainer runs in the driver)."""
