@@ -35,6 +35,15 @@ def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
     return path
 
 
+def to_gpu(model: torch.nn.Module, who: str) -> torch.nn.Module:
+    """Move `model` to this process's GPU (on a Ray actor, the one Ray reserved for it), or say
+    clearly why not; `who` names the setting that asked for it."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"{who} asks for a GPU, but torch sees no GPU here (torch.cuda.is_available() "
+                           "is False; a CPU-only torch wheel, or no GPU reserved for this process?)")
+    return model.to("cuda")
+
+
 def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
     """Load a Hugging Face causal LM directory (float32, offline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

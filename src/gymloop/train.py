@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 import torch
-from .checkpoint import load_model, resolve_model, save_model
+from .checkpoint import load_model, resolve_model, save_model, to_gpu
 from .config import TrainConfig
 from .engine import Engine, SamplingParams
 from .envs import make_env
@@ -84,10 +84,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     echo(f"run directory: {run.path}")
     model, tok = load_model(model_path)
     if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device: cuda, but torch sees no GPU (torch.cuda.is_available() is False; "
-                             "a CPU-only torch wheel?)")
-        model.to("cuda")
+        to_gpu(model, "device: cuda")
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
     env = make_env(cfg.env.name, **cfg.env.options)
@@ -156,12 +153,12 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                         loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
                     ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
             with phases.time("weight_sync"):
-                # The trainer's own engine (evaluation; sync rollouts) shares the model's
-                # tensors, so this copies nothing and only bumps its version. An async
-                # collector gets the new weights to load between its batches.
                 if remote:           # rank 0 puts them in the object store itself
                     source.set_weights(trainer.publish(step))
                 else:
+                    # The trainer's own engine (evaluation; sync rollouts) shares the model's
+                    # tensors, so this copies nothing and only bumps its version. An async
+                    # collector gets the new weights to load between its batches.
                     engine.load_weights(model.state_dict(), version=step)
                     if g.max_staleness or cfg.cluster.backend == "ray":
                         source.publish(model, version=step)

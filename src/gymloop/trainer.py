@@ -83,7 +83,7 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
 
     Gradients are flattened into one bucket so a step is one collective, not one per tensor.
     """
-    if not _distributed() or sharding.is_sharded(model):    # FSDP reduced them in backward
+    if not _distributed():
         return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
@@ -122,6 +122,8 @@ class Trainer:
                                         min_ratio=min_lr_ratio))
         self.max_grad_norm = max_grad_norm
         self.step_count = 0
+        # Fixed from here on: FSDP shards a model before its optimizer is built (sharding.py).
+        self.sharded = sharding.is_sharded(model)
         # True: a frozen copy of the model as it is now. A sharded (FSDP) model cannot be
         # copied, so its ranks pass a reference they built and sharded themselves.
         if isinstance(ref_model, torch.nn.Module):
@@ -170,7 +172,8 @@ class Trainer:
     def _apply(self, loss: torch.Tensor) -> float:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        _all_reduce_grads(self.model)
+        if not self.sharded:              # FSDP reduce-scattered them in backward
+            _all_reduce_grads(self.model)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         self.sched.step()
@@ -180,12 +183,11 @@ class Trainer:
     def state(self) -> dict:
         """Optimizer, scheduler and step count (the model is saved by checkpoint.save_model).
         Under FSDP a collective, and the optimizer part is whole on rank 0 only."""
-        opt = (sharding.optimizer_state(self.model, self.opt) if sharding.is_sharded(self.model)
-               else self.opt.state_dict())
+        opt = sharding.optimizer_state(self.model, self.opt) if self.sharded else self.opt.state_dict()
         return {"opt": opt, "sched": self.sched.state_dict(), "step": self.step_count}
 
     def set_state(self, state: dict) -> None:
-        if sharding.is_sharded(self.model):
+        if self.sharded:
             sharding.load_optimizer_state(self.model, self.opt, state["opt"])
         else:
             self.opt.load_state_dict(state["opt"])

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..checkpoint import to_gpu
 from ..config import ClusterConfig
 from ..engine import Engine, SamplingParams
 from ..envs.base import Environment, Task
@@ -98,10 +99,8 @@ class RolloutWorker:
 
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
-        if gpu:              # Ray set CUDA_VISIBLE_DEVICES to the GPU it reserved for this actor
-            if not torch.cuda.is_available():
-                raise RuntimeError("cluster.worker_gpus > 0, but this rollout worker sees no GPU")
-            model.to("cuda")
+        if gpu:
+            to_gpu(model, "cluster.worker_gpus")
         self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode)
         self.tok, self.env = tok, env
 

@@ -22,6 +22,7 @@ from datetime import timedelta
 import torch
 
 from .. import sharding
+from ..checkpoint import to_gpu
 from ..config import ClusterConfig
 from ..logprobs import TokenBatch
 from ..trainer import Trainer, read_state, write_state
@@ -56,9 +57,7 @@ class TrainerRank:
         the process group (world > 1: NCCL between GPUs, gloo between CPUs), shard the model
         (FSDP), then build the optimizer over the parameters as they now are."""
         if gpu:
-            if not torch.cuda.is_available():
-                raise RuntimeError("cluster.trainer_gpus > 0, but this trainer actor sees no GPU")
-            self.model.to("cuda")
+            to_gpu(self.model, "cluster.trainer_gpus")
         if world > 1:
             torch.distributed.init_process_group("nccl" if gpu else "gloo", init_method=init_method, rank=rank,
                                                  world_size=world, timeout=timedelta(seconds=timeout_s))
