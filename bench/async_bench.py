@@ -28,7 +28,7 @@ def run(workload: str, steps: int, staleness: int, every: int = 0) -> dict:
         cfg = demo_config(run_dir=tempfile.mkdtemp())
         cfg = cfg.model_copy(update={"eval": EvalConfig(tasks=300, every=every, max_new_tokens=6)})
     else:
-        cfg = tools_config(tempfile.mkdtemp(), prompts=16, lr=5e-5)      # the story's rounds' settings
+        cfg = tools_config(tempfile.mkdtemp())      # the story's rounds' settings
         cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every": every})})
     cfg = cfg.model_copy(update={
         "name": "async-bench", "grpo": cfg.grpo.model_copy(update={"steps": steps, "max_staleness": staleness})})

@@ -1,9 +1,11 @@
-"""GRPO on multi-turn tool use: the nano-tools base on tools@v1, held-out success before/after.
+"""GRPO on multi-turn tool use: the nano-tools base adapting to the tools@v3 API change.
 
-    python bench/tools_grpo.py [--steps 100] [--prompts 32] [--lr 2e-4]
+    python bench/tools_grpo.py [--version 3] [--steps 60] [--prompts 16] [--lr 2e-4]
 
-Issue #4 asks for >= 20 points of held-out success from GRPO on tools@v1 with the nano model.
-Also reports the same model on tools@v2 and tools@v3, the drifted APIs it never saw.
+nano-tools calls the v1 tools by default (the prompt lists no tools), so on tools@v3, whose tools
+and arguments were renamed, it starts at ~0% held-out; the v3 episodes it samples now and then
+are what GRPO learns from. This is chapter 2's recovery without the server and the gate. Also
+reports the trained model on the other API versions.
 """
 from __future__ import annotations
 
@@ -25,17 +27,18 @@ from gymloop.train import train
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="nano-tools", help="preset name or model directory")
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--version", type=int, default=3, choices=[1, 2, 3], help="tool API trained on")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"])
+    ap.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"])
     ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=40, help="per turn (a tool call is ~15 tokens)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = tools_config(tempfile.mkdtemp(), model=args.model, steps=args.steps, prompts=args.prompts, lr=args.lr,
+    cfg = tools_config(tempfile.mkdtemp(), model=args.model, version=args.version, steps=args.steps, prompts=args.prompts, lr=args.lr,
                        lr_schedule=args.lr_schedule, temperature=args.temperature,
                        max_staleness=args.max_staleness, max_new_tokens=args.max_new_tokens,
                        eval_tasks=args.eval_tasks)
@@ -43,15 +46,17 @@ def main() -> None:
     model, tok = load_model(f"{s['run_dir']}/checkpoint")
     engine = Engine(model, tok.pad_token_id, decode=tok.decode)
     drift = {}
-    for name in ("tools@v2", "tools@v3"):
-        env = make_env(name)
+    others = [v for v in (1, 2, 3) if v != args.version]
+    for v in others:
+        env = make_env("tools", version=v, schemas=False)
+        name = env.name
         drift[name] = evaluate(engine, tok, env, env.sample_tasks(args.eval_tasks, "heldout", 0),
                                max_new_tokens=args.max_new_tokens, max_turns=3)
     rows = [["suite", "base success", "after GRPO", "change"],
-            ["tools@v1 (trained)", f"{s['base']['pass1']:.1%}", f"{s['final']['pass1']:.1%}",
+            [f"tools@v{args.version} (trained)", f"{s['base']['pass1']:.1%}", f"{s['final']['pass1']:.1%}",
              f"{100 * (s['final']['pass1'] - s['base']['pass1']):+.1f} pts"]]
-    rows += [[f"{name} (drifted API)", "", f"{r.pass1:.1%}", ""] for name, r in drift.items()]
-    print(f"GRPO on tools@v1, {args.model}, {s['steps']} steps, {args.eval_tasks} held-out tasks (greedy, <= 3 turns)")
+    rows += [[f"{name}", "", f"{r.pass1:.1%}", ""] for name, r in drift.items()]
+    print(f"GRPO on tools@v{args.version} (no schemas in the prompt), {args.model}, {s['steps']} steps, {args.eval_tasks} held-out tasks (greedy, <= 3 turns)")
     print(common.table(rows))
     print("held-out success curve:", [(c["step"], round(c["pass1"], 3)) for c in s["pass1_curve"]])
     common.save("tools_grpo", {"summary": {k: s[k] for k in ("base", "final", "steps", "pass1_curve", "wall_seconds")},

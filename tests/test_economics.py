@@ -127,6 +127,10 @@ def test_cost_to_maintain_sums_rounds_until_the_score_is_back():
     assert prod_drift["pre_drift"] == pytest.approx(0.9) and prod_drift["recovered_round"] is None
     assert prod_drift["status"] == "not yet"
     assert unrecovered["dollars"] == pytest.approx(rounds[3]["dollars"]) and unrecovered["status"] == "not yet"
+    # production measured after the last round counts: back at 0.9, paid for by rounds 2..4
+    _, late, _ = cost_to_maintain(rounds, events, epsilon=0.02, production_after={"tools@v2": 0.9})
+    assert late["recovered_round"] == 4 and late["status"] == "recovered after round 4"
+    assert late["dollars"] == pytest.approx(sum(r["dollars"] for r in rounds[1:]))
 
 
 @pytest.fixture(scope="module")

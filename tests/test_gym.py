@@ -220,3 +220,22 @@ def test_reasoning_gym_adapter():
     assert reply("Answer: 123456789").reward < 1.0
     with pytest.raises(ValueError, match="'nope'"):
         make_env("reasoning_gym", dataset="nope")
+
+
+def test_the_v3_drift_breaks_old_tool_calls_by_construction(tok):
+    """v3 renamed the tools and their arguments: an old-name call is an error observation, the
+    episode scores 0; without schemas in the prompt, nothing the model sees changes."""
+    v1, v3 = make_env("tools", version=1, schemas=False), make_env("tools", version=3, schemas=False)
+    for t1 in v1.sample_tasks(20, "train", 0):
+        t3 = v3.task_from_id(t1.id.replace("tools@v1", "tools@v3"))
+        assert tok.prompt_ids(v1.reset(t1), tools=v1.tools(t1)) == tok.prompt_ids(v3.reset(t3), tools=v3.tools(t3))
+        old = v1.gold_turns(t1)                       # the v1 habit, replayed against v3
+        msgs, score = play(v3, t3, old)
+        payload = json.loads(re.search(r"<tool_response>(.*)</tool_response>", msgs[3]["content"]).group(1))
+        assert "unknown tool" in payload["error"] and "lookup_item" in payload["error"]
+        assert score.reward == 0.0 and score.error is None and score.components["tool_calls_valid"] == 0.0
+        assert play(v3, t3, v3.gold_turns(t3))[1].reward == 1.0     # the new API works
+    # with schemas, the prompt says what changed
+    s1, s3 = make_env("tools@v1"), make_env("tools@v3")
+    t = s1.sample_tasks(1, "train", 0)[0]
+    assert s1.tools(t) != s3.tools(s3.task_from_id(t.id)) and v1.tools(t) == []

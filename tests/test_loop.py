@@ -210,3 +210,16 @@ def test_past_successes_are_replayed(tmp_path, tiny_model_dir):
     rounds = run_loop(cfg, echo=lambda m: None)
     assert rounds[0]["metrics"]["curriculum"]["replay_per_step"] == 2
     assert {t["id"] for t in store.tasks(source="production")} == {t.id for t in good}
+
+
+def test_the_gate_evaluates_the_target_with_its_options(tmp_path):
+    """A loop on arith with digits: 3 is gated on 3-digit tasks (the suite is built with the
+    environment's options, not from its name alone)."""
+    from gymloop.loop import suite_envs
+
+    cfg = LoopConfig(store=str(tmp_path / "g.db"), env={"name": "arith", "options": {"digits": 3}},
+                     suites=["arith", "tools@v2"])
+    envs = suite_envs(cfg)
+    assert [e.name for e in envs] == ["arith", "tools@v2"]       # the target is not repeated
+    tasks = envs[0].sample_tasks(50, "heldout", seed=0)
+    assert envs[0].config.digits == 3 and max(len(t.id.split(":")[1].split("+")[0]) for t in tasks) == 3

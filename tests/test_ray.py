@@ -191,9 +191,11 @@ def _same_curve_and_weights(driver: dict, actors: dict, tiny_model_dir) -> None:
     # Step 1 starts from the same weights: only the order of the gradient's sums differs.
     assert abs(one[0]["grad_norm"] - two[0]["grad_norm"]) <= 1e-6 * one[0]["grad_norm"]
     # After it, relative: Adam divides by sqrt(v), so rounding in near-zero gradients becomes
-    # a visible (if small) difference in the weights, and the curves drift apart slowly.
+    # a visible (if small) difference in the weights, and the curves drift apart slowly: by 8
+    # steps 1.3e-4 of the gradient norm on one machine, so the bound is 1e-3 (step 1, above, is
+    # the exact check).
     for key in ("loss", "grad_norm"):
-        assert max(abs(a[key] - b[key]) / max(1.0, abs(a[key])) for a, b in zip(one, two)) <= 1e-4, \
+        assert max(abs(a[key] - b[key]) / max(1.0, abs(a[key])) for a, b in zip(one, two)) <= 1e-3, \
             (key, [(a[key], b[key]) for a, b in zip(one, two)])
     assert len({round(r["grad_norm"], 6) for r in one}) > 1 and min(r["grad_norm"] for r in one) > 0
     assert actors["optimizer_steps"] == driver["optimizer_steps"] == 8

@@ -19,7 +19,7 @@ def test_story_runs_end_to_end_and_records_the_drift(tmp_path, tiny_model_dir):
     out = Path(summary["dir"])
     assert json.loads((out / "story.json").read_text())["rows"] == summary["rows"]
     rows = summary["rows"]
-    assert [r["api"] for r in rows] == ["tools@v1", "tools@v2", "tools@v2"]    # 2 rounds + the final measure
+    assert [r["api"] for r in rows] == ["tools@v1", "tools@v3", "tools@v3"]    # 2 rounds + the final measure
     assert all(r["errors"] == 0 and r["episodes"] == 10 for r in rows)
     store = Store(out / "story.db")
     assert store.count("feedback") == 30 and store.count("traces") >= 30   # a trace per turn, a verdict per episode
@@ -27,8 +27,8 @@ def test_story_runs_end_to_end_and_records_the_drift(tmp_path, tiny_model_dir):
     versions = {v["version"] for v in store.model_versions()}
     assert {r["served_version"] for r in rows} <= versions
     text = story_table(summary)
-    assert "production success:" in text and text.count("tools@v2") >= 2
+    assert "production success:" in text and text.count("tools@v3") >= 2
     # the rounds trained for the API of their time
     loop = json.loads((out / "story" / "summary.json").read_text())
-    assert [r["target"] for r in loop["rounds"]] == ["tools@v1", "tools@v2"]
+    assert [r["target"] for r in loop["rounds"]] == ["tools@v1", "tools@v3"]
     assert (out / "story" / "report.html").exists()

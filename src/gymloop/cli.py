@@ -55,13 +55,13 @@ def before_after_table(summary: dict) -> str:
 
 
 def story_table(summary: dict) -> str:
-    table = [["round", "tool API", "served", "production success", "candidate", "tools@v1", "tools@v2", "gate"]]
+    apis = list(dict.fromkeys(x["api"] for x in summary["rows"]))      # the tool APIs, in order
+    table = [["round", "tool API", "served", "production success", "candidate", *apis, "gate"]]
     for x in summary["rows"]:
         after = x.get("after", {})
         table.append([str(x["round"]) if "status" in x else "end", x["api"], f"v{x['served_version']}",
                       f"{x['production_success']:.1%}", f"v{x['candidate_version']}" if "status" in x else "",
-                      f"{after['tools@v1']:.1%}" if "tools@v1" in after else "",
-                      f"{after['tools@v2']:.1%}" if "tools@v2" in after else "",
+                      *[f"{after[a]:.1%}" if a in after else "" for a in apis],
                       (x.get("status", "") + (" (drift: " + ", ".join(x["drift"]) + ")" if x.get("drift") else ""))])
     rec = summary["recovered_share"]
     lines = [_table(table), "",
@@ -89,7 +89,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.only in (None, "learn"):
         print("gymloop demo, chapter 1, learn: pre-train nano (cached) -> GRPO on 2-digit addition "
               "-> held-out eval -> serve it to production traffic (openai client) -> report")
-        summary = run_demo(demo_config(run_dir=args.run_dir), progress=not quiet, requests=args.requests)
+        summary = run_demo(demo_config(run_dir=args.run_dir, model=f"nano:seed={args.seed}"), progress=not quiet,
+                           requests=args.requests)
         print()
         print(before_after_table(summary))
         print(f"report: {Path(summary['run_dir']) / 'report.html'}")
@@ -97,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.only in (None, "loop"):
         print("gymloop demo, chapter 2, the loop: serve nano-tools -> production traffic (openai client) with "
               "verifier feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
-        summary = run_story(StoryConfig(), run_dir=args.run_dir, progress=not quiet)
+        summary = run_story(StoryConfig(model=f"nano-tools:seed={args.seed}"), run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
@@ -105,16 +106,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from .checkpoint import load_model
-    from .models.nano import NanoConfig, ensure_nano
-
+    """Build (or find in the cache) a nano base and print where it is, as JSON."""
     import torch
+
+    from .checkpoint import load_model
+    from .models.nano import ensure_nano, preset
+
     torch.set_num_threads(args.threads)
-    cfg = NanoConfig(**({"steps": args.steps} if args.steps else {}))
+    overrides: dict = {"seed": args.seed}
+    if args.steps is not None:      # a fixed budget: exactly this many steps, no probe band
+        overrides.update(steps=args.steps, target_pass1=None)
+    if args.target is not None:
+        overrides["target_pass1"] = args.target
+    cfg = preset(args.preset, **overrides)
     path = ensure_nano(cfg, cache_dir=args.cache_dir, progress=not args.quiet)
     info = json.loads((path / "gymloop.json").read_text())
-    print(json.dumps({"path": str(path), **info["pretrain"]}, indent=2))
     load_model(path)  # proves the cached directory loads
+    print(json.dumps({"path": str(path), "preset": args.preset, **info["pretrain"]}, indent=2))
     return 0
 
 
@@ -273,12 +281,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
     d.add_argument("--only", choices=["learn", "loop"], default=None,
                    help="one chapter: learn (GRPO on arithmetic) or loop (the continuous loop and the drift)")
+    d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 
-    pt = sub.add_parser("pretrain", help="pre-train and cache the nano model")
-    pt.add_argument("--steps", type=int, default=None, help="override the pre-training budget")
-    pt.add_argument("--cache-dir", default=None)
+    pt = sub.add_parser("pretrain", help="pre-train and cache a nano base; prints JSON naming its \"path\"")
+    pt.add_argument("--preset", default="nano", help="nano or nano-tools")
+    pt.add_argument("--seed", type=int, default=0, help="seed of initialisation and corpus (part of the cache key)")
+    pt.add_argument("--steps", type=int, default=None,
+                    help="train exactly this many steps instead of stopping at the probe target")
+    pt.add_argument("--target", type=float, default=None, help="probe pass@1 to stop at (default: the preset's)")
+    pt.add_argument("--cache-dir", default=None, help="cache root (default $GYMLOOP_CACHE or ~/.cache/gymloop)")
     pt.add_argument("--threads", type=int, default=1)
     pt.add_argument("--quiet", action="store_true")
     pt.set_defaults(fn=cmd_pretrain)

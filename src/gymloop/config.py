@@ -71,6 +71,10 @@ class GRPOConfig(_Strict):
     drop_zero_signal: bool = Field(
         True, description="Leave out groups whose rewards are all equal (their advantage is 0)."
     )
+    train_only: list[str] = Field(
+        default_factory=list, description="Train only the parameters whose name matches one of these "
+        "regular expressions (e.g. 'layers\\.(2[6-9])\\.' for the top 4 of 30 layers); the rest stay "
+        "frozen, so backward stops below the lowest trained layer. Empty: train everything.")
 
 
 class EvalConfig(_Strict):
@@ -153,7 +157,8 @@ def check_device(device: str, grpo: GRPOConfig, cluster: ClusterConfig) -> None:
 class TrainConfig(_Strict):
     """`gymloop train CONFIG.yaml`."""
 
-    model: str = Field("nano", description="'nano' (built and cached locally) or a HF model directory.")
+    model: str = Field("nano", description="'nano' or 'nano-tools' (built and cached locally; 'nano:seed=1' picks the "
+                       "pre-training seed), 'smollm2', or a Hugging Face model directory.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="Environment.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout sampling.")
     grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO update.")

@@ -127,9 +127,12 @@ def project(flops: float, profiles: dict[str, Profile], utilisation: float = 0.4
     return out
 
 
-def cost_to_maintain(rounds: list[dict], events: list[dict], epsilon: float) -> list[dict]:
+def cost_to_maintain(rounds: list[dict], events: list[dict], epsilon: float,
+                     production_after: dict[str, float] | None = None) -> list[dict]:
     """What each drift event cost: dollars spent from the round that saw it until the served
     model's score on its environment was back within `epsilon` of the pre-drift value.
+    `production_after`: production success rates measured since the last round (a production
+    event that recovered there cost what the rounds up to the last one spent).
 
     rounds: [{"round", "dollars", "served": {env: held-out score}, "production": {env: success
     rate}}], in order. events: [{"round", "env", "kind", "before", "after"}]; an "eval" event
@@ -150,7 +153,11 @@ def cost_to_maintain(rounds: list[dict], events: list[dict], epsilon: float) -> 
             if score is not None and score >= pre - epsilon:
                 back = r["round"]
                 break
+        status = "not yet" if back is None else f"recovered in round {back}"
+        late = (production_after or {}).get(e["env"])
+        if back is None and kind == "production" and rounds and late is not None and late >= pre - epsilon:
+            back = rounds[-1]["round"]
+            status = f"recovered after round {back}"
         out.append({"env": e["env"], "kind": kind, "round": e["round"], "pre_drift": pre,
-                    "dollars": spent, "recovered_round": back,
-                    "status": "not yet" if back is None else f"recovered in round {back}"})
+                    "dollars": spent, "recovered_round": back, "status": status})
     return out

@@ -105,12 +105,19 @@ class LoopConfig(_Strict):
         return self
 
 
-def suite_scores(model_dir: str, suites: list[str], cfg: LoopConfig) -> dict[str, float]:
+def suite_envs(cfg: LoopConfig) -> list:
+    """The gate's suites: the target environment with its configured options (a loop on
+    `arith` with `digits: 3` is gated on 3-digit tasks), then every other suite by name."""
+    target = make_env(cfg.env.name, **cfg.env.options)
+    return [target] + [make_env(s) for s in cfg.suites if make_env(s).name != target.name]
+
+
+def suite_scores(model_dir: str, suites: list, cfg: LoopConfig) -> dict[str, float]:
+    """Greedy held-out pass@1 of a model on each suite environment, by environment name."""
     model, tok = load_model(model_dir)
     engine = Engine(model, tok.pad_token_id, decode=tok.decode)
     out = {}
-    for name in suites:
-        env = make_env(name)
+    for env in suites:
         res = evaluate(engine, tok, env, env.sample_tasks(cfg.eval_tasks, "heldout", seed=cfg.seed),
                        max_new_tokens=cfg.eval_max_new_tokens, max_turns=cfg.env.max_turns)
         out[res.env] = res.pass1
@@ -199,8 +206,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
     store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
     profiles = load_profiles(cfg.cost.profiles_file)
     profile = profiles[cfg.cost.profile]
-    target = make_env(cfg.env.name, **cfg.env.options).name
-    suites = [target] + [s for s in cfg.suites if s != target]
+    suites = suite_envs(cfg)
+    target = suites[0].name
     loop_dir = Path(cfg.run_dir) / cfg.name
     bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
                        initial=store.last_round(cfg.name))
@@ -253,7 +260,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
                      "training": training_stats(summary),
                      "economics": {k: summary["economics"].get(k) for k in
                                    ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
-        echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {after[k]:.3f}" for k in suites))
+        echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {v:.3f}" for k, v in after.items()))
         write_loop_files(store, cfg, target, loop_dir, profiles)
         bar.update(1)
         bar.set_postfix({"served": f"v{version if promote else current['version']}", target: f"{(after if promote else before)[target]:.2f}"})

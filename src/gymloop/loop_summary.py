@@ -62,11 +62,15 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
         })
     serving = store.stats()
     last = rows[-1] if rows else None
+    # traffic served since the last round (its production success is nobody's round yet)
+    tail = store.production_success(since, float("inf")) if rows else {}
+    production_after = {env: ok / n for env, (ok, n) in tail.items() if n}
     flops = sum(p["flops"] for c in costs.values() for p in c.values())
     return {
         "kind": "loop", "run_id": run_id, "target": last["target"] if last else target, "epsilon": epsilon,
         "rounds": rows, "drift_events": events,
-        "cost_to_maintain": cost_to_maintain(rows, events, epsilon),
+        "cost_to_maintain": cost_to_maintain(rows, events, epsilon, production_after),
+        "production_after_last_round": production_after,
         "base_scores": base,
         "served_scores": last["served"] if last else {},
         "post_training_dollars": spent,

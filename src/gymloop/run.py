@@ -15,16 +15,25 @@ from .config import LoggingConfig
 from .loggers import make_sinks, scalars
 
 
+def new_run_path(parent: str | Path, name: str) -> Path:
+    """A new directory `parent/name-<UTC time>[-n]`, created here: mkdir itself decides, so two
+    runs started in the same second (two processes included) never share one."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        path = Path(parent) / (f"{name}-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+
+
 class RunDir:
     def __init__(self, parent: str | Path, name: str, config: BaseModel,
                  logging: LoggingConfig | None = None) -> None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        path = Path(parent) / f"{name}-{stamp}"
-        n = 1
-        while path.exists():
-            n += 1
-            path = Path(parent) / f"{name}-{stamp}-{n}"
-        path.mkdir(parents=True)
+        path = new_run_path(parent, name)
         self.path = path
         (path / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         self._metrics = open(path / "metrics.jsonl", "a", buffering=1)

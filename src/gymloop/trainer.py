@@ -10,6 +10,7 @@ import copy
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -106,6 +107,23 @@ def lr_factor(step: int, *, warmup_steps: int, decay_steps: int | None, min_rati
     return warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * done)))
 
 
+def trainable_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[torch.nn.Parameter]:
+    """The parameters to train: all, or (with `patterns`) those whose name matches one of the
+    regular expressions; the others are frozen (requires_grad False), so autograd does not go
+    below the lowest trained one."""
+    if not patterns:
+        return list(model.parameters())
+    keep = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(re.search(pat, name) for pat in patterns))
+        if p.requires_grad:
+            keep.append(p)
+    if not keep:
+        names = [n for n, _ in model.named_parameters()]
+        raise ValueError(f"grpo.train_only {list(patterns)} matches no parameter; names look like {names[:3]}")
+    return keep
+
+
 class Trainer:
     """AdamW over a model's parameters with warm-up, clipping and checkpoints."""
 
@@ -113,10 +131,10 @@ class Trainer:
                  warmup_steps: int = 0, max_grad_norm: float = 1.0,
                  ref_model: bool | torch.nn.Module = False,
                  betas: tuple[float, float] = (0.9, 0.99), decay_steps: int | None = None,
-                 min_lr_ratio: float = 0.1) -> None:
+                 min_lr_ratio: float = 0.1, train_only: Sequence[str] = ()) -> None:
         self.model = model
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
-                                     betas=betas)
+        params = trainable_parameters(model, train_only)
+        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, functools.partial(lr_factor, warmup_steps=warmup_steps, decay_steps=decay_steps,
                                         min_ratio=min_lr_ratio))

@@ -29,6 +29,17 @@ class ArithConfig(BaseModel):
     heldout_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Share of all problems reserved for held-out evaluation."
     )
+    prompt: str = Field("{expr}=", description="The user message; {expr} is replaced by the expression "
+                        "(a chat model may want 'What is {expr}? Reply with the number only.').")
+    system: str | None = Field(None, description="A system message before it (None: none; a chat "
+                               "template may then add its own default).")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str) -> str:
+        if "{expr}" not in v:
+            raise ValueError(f"prompt must contain {{expr}}; got {v!r}")
+        return v
 
     @field_validator("ops")
     @classmethod
@@ -91,13 +102,15 @@ class ArithEnv(Environment):
         split = split_of(expr, self.config.heldout_fraction)
         return Task(
             id=f"arith:{expr}", env=self.name,
-            prompt=({"role": "user", "content": f"{expr}="},),
+            prompt=((({"role": "system", "content": self.config.system},) if self.config.system else ())
+                    + ({"role": "user", "content": self.config.prompt.replace("{expr}", expr)},)),
             answer=evaluate(expr), split=split,
         )
 
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         """`n` distinct tasks of `split`, reproducible from `seed`."""
-        rng = random.Random(f"{self.config.model_dump_json()}|{split}|{seed}")
+        # seeded by the problem space alone: the same tasks whatever the prompt wording
+        rng = random.Random(f"{self.config.model_dump_json(exclude={'prompt', 'system'})}|{split}|{seed}")
         return sample_distinct(self.draw, n, split, rng, self.space_size(), self.config.heldout_fraction)
 
     def draw(self, rng: random.Random, split: Split) -> Task:

@@ -8,6 +8,10 @@ prompt through the chat template's `tools` (as real agent prompts get them), so 
 reads them can adapt; one that memorised v1 fails. The version is a config value, part of the
 environment's name (`tools@v2`) and recorded in every task and score.
 
+An episode succeeds when the final reply is the right number, the stock changed exactly as asked,
+and at least one tool call was valid (the stock can only be known from a tool result, so a right
+number without one is a guess, scored 0).
+
 State is never kept between calls: the inventory of an episode is replayed from the task's
 initial stock and the valid calls in the messages, so the environment can run anywhere.
 """
@@ -70,6 +74,10 @@ class ToolsConfig(BaseModel):
                                       "renamed tools and arguments).")
     max_add: int = Field(3, ge=0, le=9, description="Largest number of units a task asks to add.")
     heldout_fraction: float = Field(0.2, gt=0, lt=1, description="Share of problems kept for evaluation.")
+    schemas: bool = Field(True, description="Give the tool schemas in the prompt (the chat template's "
+                          "`tools`). False: the agent must know its tools, as a fine-tuned production agent "
+                          "with a short prompt does; nothing in the prompt then changes with the version, so a "
+                          "renamed tool (v3) breaks old behaviour by construction.")
 
 
 class ToolsEnv(Environment):
@@ -88,7 +96,7 @@ class ToolsEnv(Environment):
                 "Reply with the final number only.")
 
     def tools(self, task: Task) -> list[dict]:
-        return schema(task.info.get("version", self.config.version))
+        return schema(task.info.get("version", self.config.version)) if self.config.schemas else []
 
     def draw(self, rng: random.Random, split: Split) -> Task:
         while True:
@@ -172,6 +180,9 @@ class ToolsEnv(Environment):
         comps = {"tool_calls_valid": valid / total if total else 0.0, "version": v}
         if parsed.calls or parsed.errors:
             return Score(0.0, {**comps, "correct": 0.0}, "episode ended inside a tool call")
+        if valid == 0:
+            # the stock can only be known from a tool result: a right number without one is a guess
+            return Score(0.0, {**comps, "correct": 0.0}, "no valid tool call: the answer is a guess")
         got = parse_answer(parsed.text)
         added = stock[task.info["item"]] - task.info["stock"]
         correct = float(got == task.answer and added == task.info["add"])

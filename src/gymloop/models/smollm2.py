@@ -35,7 +35,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..chat import ChatTokenizer
-    from ..checkpoint import save_model
+    from ..checkpoint import quiet_transformers, save_model
 
     if available():
         raise RuntimeError(INSTALL)
@@ -48,13 +48,15 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
 
     from transformers import AutoConfig
 
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with quiet_transformers():
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model is flagged as quantized and refuses save_pretrained; its weights are
     # already de-quantised float32, so move them into a plain model built from the same config.
     cfg = loaded.config.to_dict()
     cfg.pop("quantization_config", None)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     save_model(model, ChatTokenizer(tok), path, extra={"source": str(gguf)})
     return path
