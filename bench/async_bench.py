@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous GRPO on the demo's workloads: `arith` (chapter 1: nano, 2-digit
 addition, 32 prompts x 8 samples per step, 6 tokens) or `tools` (chapter 2: nano-tools,
-tools@v1 episodes of <= 3 turns of <= 40 tokens, 16 prompts x 8).
+tools@v3 episodes (the API change it recovers from; no schemas in the prompt) of <= 3 turns of <= 40 tokens, 16 prompts x 8).
 
     python bench/async_bench.py [--workload arith|tools] [--steps 300] [--budget 40]
 
@@ -62,7 +62,7 @@ def main() -> None:
     sync, asyn = out["sync"], out["async (staleness 1)"]
     ratio = (asyn["steps"] / asyn["learn_seconds"]) / (sync["steps"] / sync["learn_seconds"])
     what = ("nano, 2-digit addition, 32 prompts x 8" if args.workload == "arith"
-            else "nano-tools, tools@v1 (<= 3 turns), 16 prompts x 8")
+            else "nano-tools, tools@v3 (<= 3 turns, no schemas), 16 prompts x 8, lr 2e-4")
     print(f"GRPO, {what}, equal rollout budget of {args.steps} steps")
     print(common.table(rows))
     print(f"async / sync steps per hour: {ratio:.2f}x (goal >= 1.3x); "

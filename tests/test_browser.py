@@ -74,13 +74,12 @@ def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
 
 
 def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
-    from test_train import DigitEnv, digit_loop_cfg
+    from conftest import DigitEnv, digit_loop_cfg, use_env
 
-    from gymloop.envs import REGISTRY
     from gymloop.loop import run_loop
     from gymloop.store import Store
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 10}, name="seen", rounds=2)
     store = Store(cfg.store)
     store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})

@@ -137,21 +137,21 @@ def test_cost_to_maintain_sums_rounds_until_the_score_is_back():
 def drift_loop(tmp_path_factory, tiny_model_dir):
     """A two-round loop on the learnable digit task whose served model had scored 0.9 before the
     world changed: round 1 sees the drop (a drift event), trains, and is promoted."""
-    from test_train import DigitEnv, digit_loop_cfg
+    from conftest import DigitEnv, digit_loop_cfg
 
-    from gymloop.envs import REGISTRY
+    import gymloop.envs
     from gymloop.loop import run_loop
     from gymloop.store import Store
 
     root = tmp_path_factory.mktemp("loop")
-    REGISTRY["digit"] = lambda **kw: DigitEnv()
+    gymloop.envs.REGISTRY.register("digit", lambda **kw: DigitEnv(), "a test environment")
     try:
         cfg = digit_loop_cfg(root, tiny_model_dir, name="drifty", rounds=2, gate={"delta": 0.2, "epsilon": 0.05})
         store = Store(cfg.store)
         store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
         rounds = run_loop(cfg, echo=lambda m: None)
     finally:
-        del REGISTRY["digit"]
+        gymloop.envs.REGISTRY.unregister("digit")
     return cfg, store, rounds, json.loads((Path(cfg.run_dir) / "drifty" / "summary.json").read_text())
 
 

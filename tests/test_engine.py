@@ -135,7 +135,7 @@ def test_top_p_keeps_the_nucleus():
     gen = torch.Generator().manual_seed(0)
     drawn = {sample_next(logits, 1.0, 0.7, gen)[0].item() for _ in range(200)}
     assert drawn == {0, 1}
-    tok, lp = sample_next(logits, 0.0, 1.0, None)
+    tok, lp, _ = sample_next(logits, 0.0, 1.0, None)
     assert tok.item() == 0 and abs(lp.item() - torch.log(torch.tensor(0.5)).item()) < 1e-6
 
 

@@ -17,12 +17,11 @@ import pytest
 import torch
 
 from gymloop.engine import Engine, SamplingParams
-from gymloop.envs import REGISTRY
 from gymloop.logprobs import make_batch, token_logprobs
 from gymloop.trainer import Trainer
 
 from conftest import tiny_llama
-from test_train import DigitEnv, _digit_cfg
+from conftest import DigitEnv, digit_cfg, use_env
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda.is_available())")
 
@@ -65,8 +64,8 @@ def test_a_short_run_on_gpu_learns(tmp_path, tiny_model_dir, monkeypatch, stalen
     from gymloop.checkpoint import load_model
     from gymloop.train import train
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    cfg = _digit_cfg(tmp_path, tiny_model_dir, steps=30, max_staleness=staleness, collector="thread")
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
+    cfg = digit_cfg(tmp_path, tiny_model_dir, steps=30, max_staleness=staleness, collector="thread")
     cfg = cfg.model_copy(update={"device": "cuda"})
     s = train(cfg, progress=False, echo=lambda m: None)
     recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -80,15 +79,15 @@ def test_a_short_run_on_gpu_learns(tmp_path, tiny_model_dir, monkeypatch, stalen
 def test_ray_rollout_worker_and_trainer_on_the_gpu_learn(tmp_path, tiny_model_dir, monkeypatch):
     """One GPU shared by a rollout worker and a trainer actor (halves): the Ray path on a GPU."""
     ray = pytest.importorskip("ray")
-    import test_train
+    import conftest
 
     from gymloop.train import train
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
-    ray.cloudpickle.register_pickle_by_value(test_train)
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
+    ray.cloudpickle.register_pickle_by_value(conftest)
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="warning", log_to_driver=False)
     try:
-        cfg = _digit_cfg(tmp_path, tiny_model_dir, steps=30)
+        cfg = digit_cfg(tmp_path, tiny_model_dir, steps=30)
         cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={
             "backend": "ray", "workers": 1, "worker_cpus": 0.5, "worker_gpus": 0.5,
             "trainers": 1, "trainer_cpus": 0.5, "trainer_gpus": 0.5})})

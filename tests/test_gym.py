@@ -7,7 +7,7 @@ import re
 import pytest
 
 from gymloop.engine import Generation, GenerationBatch
-from gymloop.envs import DESCRIPTIONS, make_env, play
+from gymloop.envs import REGISTRY, make_env, play
 from gymloop.envs.jsonl import load_tasks
 from gymloop.envs.toolcall import format_call, parse_tool_calls
 from gymloop.envs.validate import validate
@@ -136,7 +136,7 @@ def test_multi_turn_rollout_keeps_sampled_ids_and_masks_observations(tok):
 
 # --- validation, code, humaneval -----------------------------------------------------------
 @needs_bwrap
-@pytest.mark.parametrize("name", list(DESCRIPTIONS) + ["tools@v2", "tools@v3"])
+@pytest.mark.parametrize("name", [n for n in REGISTRY.names() if n != "jsonl"] + ["tools@v2", "tools@v3"])
 def test_validate_every_builtin_environment(name):
     env = make_env(name)
     v = validate(env, n=12)

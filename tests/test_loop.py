@@ -9,11 +9,10 @@ import time
 
 import yaml
 
-from gymloop.envs import REGISTRY
 from gymloop.loop import GateConfig, LoopConfig, gate, run_loop
 from gymloop.store import Store
 
-from test_train import DigitEnv, digit_loop_cfg
+from conftest import DigitEnv, digit_loop_cfg, use_env
 
 
 def test_gate_by_hand():
@@ -26,7 +25,7 @@ def test_gate_by_hand():
 
 
 def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, rounds=2, gate={"delta": 0.2, "epsilon": 0.05})
     rounds = run_loop(cfg, echo=lambda m: None)
     store = Store(cfg.store)
@@ -44,7 +43,7 @@ def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_
 
 def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promoted(tmp_path, tiny_model_dir,
                                                                                     monkeypatch):
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, rounds=3, lineage="latest", gate={"delta": 0.2, "epsilon": 0.05})
     rounds = run_loop(cfg, echo=lambda m: None)
     store = Store(cfg.store)
@@ -118,7 +117,7 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
         "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}})
     rounds = run_loop(cfg, echo=lambda m: None)
     assert rounds[0]["metrics"]["curriculum"] == {"production_failures": 3, "production_per_step": 2,
-                                                  "replay_per_step": 0}
+                                                  "replay_per_step": 0, "production_not_rebuildable": 1}
     rows = store.tasks()
     # failures, and the one success (kept for replay), are stored as production tasks
     assert {r["id"] for r in rows} == {t.id for t in failed} | {"arith:1+1"}

@@ -17,13 +17,13 @@ import pytest
 ray = pytest.importorskip("ray", reason="pip install 'gymloop[ray]' (make test installs it)")
 
 from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
-from gymloop.envs import REGISTRY, Score  # noqa: E402
+from gymloop.envs import Score  # noqa: E402
 
-import test_train  # noqa: E402
-from test_train import DigitEnv, _digit_cfg, digit_loop_cfg  # noqa: E402
+import conftest  # noqa: E402
+from conftest import DigitEnv, digit_cfg, digit_loop_cfg, use_env  # noqa: E402
 
 # The workers are other processes: they get the test's environment classes by value.
-ray.cloudpickle.register_pickle_by_value(test_train)
+ray.cloudpickle.register_pickle_by_value(conftest)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -48,7 +48,7 @@ def local_ray():
 
 
 def _cfg(tmp_path, tiny_model_dir, grpo: dict | None = None, **cluster) -> TrainConfig:
-    cfg = _digit_cfg(tmp_path, tiny_model_dir, **{"steps": 30, **(grpo or {})})
+    cfg = digit_cfg(tmp_path, tiny_model_dir, **{"steps": 30, **(grpo or {})})
     return cfg.model_copy(update={"cluster": ClusterConfig(backend="ray", workers=2, worker_cpus=0.5, **cluster)})
 
 
@@ -57,7 +57,7 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_m
     from gymloop.serve.background import free_port
     from gymloop.train import train
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     assert not ray.is_initialized()           # first in the file: before the local instance starts
     cfg = _cfg(tmp_path, tiny_model_dir, address=f"127.0.0.1:{free_port()}", connect_timeout_s=5)
     t0 = time.monotonic()
@@ -69,7 +69,7 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_m
 def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_ray, monkeypatch):
     from gymloop.loop import run_loop
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     # the trainer too is an actor here (one rank: no process group)
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 30}, name="ray",
                          cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5, "trainers": 1,
@@ -123,7 +123,7 @@ def test_a_worker_killed_mid_step_is_replaced_and_no_episode_is_counted_twice(ti
 def test_asynchronous_ray_rollouts_run_one_step_ahead_and_learn(tmp_path, tiny_model_dir, local_ray, monkeypatch):
     from gymloop.train import train
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = _cfg(tmp_path, tiny_model_dir, grpo={"max_staleness": 1})
     s = train(cfg, progress=False, echo=lambda m: None)
     recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -141,7 +141,7 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
     from gymloop.train import train
 
     ev = importlib.import_module("gymloop.evaluate")      # the module (the package exports the function)
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     local_collect = ev.collect
     # the driver must not generate: every evaluation episode comes from the actors
     monkeypatch.setattr(ev, "collect", lambda *a, **k: pytest.fail("evaluated in the driver, not on Ray"))
@@ -170,7 +170,7 @@ def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_mode
     (test_distributed.py holds the raw 2-process checks at 1e-4)."""
     from gymloop.train import train
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     runs = {}
     for name, cluster in (("driver", {}), ("ddp", {"trainers": 2}), ("fsdp", {"trainers": 2, "fsdp": True})):
         # a small learning rate keeps Adam's amplified rounding (below) small

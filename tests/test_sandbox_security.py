@@ -42,6 +42,27 @@ def test_normal_run(pool):
     assert r.ok and r.stdout.strip() == "payload"
 
 
+def test_cpu_seconds_count_the_sandboxed_program_and_its_children(pool):
+    """cpu_s is the program's own CPU time, a child process's included (it used to read ~0: the
+    usage stayed behind bwrap's init)."""
+    burn = textwrap.dedent("""
+        import os, time
+        def burn(cpu_s):
+            end = time.process_time() + cpu_s
+            while time.process_time() < end:
+                pass
+        pid = os.fork()
+        if pid == 0:
+            burn(0.3)
+            os._exit(0)
+        burn(0.3)
+        os.waitpid(pid, 0)
+    """)
+    r = pool.run(source=burn)
+    assert r.ok, r.stderr
+    assert r.cpu_s >= 0.55, r          # 0.3 s in each process, whatever the wall clock did
+
+
 def test_not_root_inside(pool):
     r = pool.run(source="import os; print(os.getuid(), os.geteuid())")
     assert r.ok and "0" not in r.stdout.split()

@@ -61,6 +61,37 @@ def test_streamed_completion_matches_plain(server, client):
     assert server["store"].get_trace(chunks[0].id) is not None
 
 
+def test_logprobs_are_returned_and_are_the_models(server, client):
+    """logprobs: true gives each generated token's log-prob (what an RL user calls the API for),
+    equal to a full forward pass of the served weights; top_logprobs lists the k most likely,
+    the sampled one among them when it is the argmax."""
+    import torch
+
+    from gymloop.checkpoint import load_model
+    from gymloop.engine import Engine, SamplingParams
+    from gymloop.logprobs import make_batch, token_logprobs
+
+    msgs = [{"role": "user", "content": "12+30="}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob for c in content)
+    assert all(abs(c.logprob - c.top_logprobs[0].logprob) < 1e-6 for c in content)      # greedy: the argmax
+    model, tok = load_model(server["cfg"].model)
+    prompt = tok.prompt_ids(msgs)
+    # the same greedy generation in this process gives the token ids the API does not return
+    gen = Engine(model, tok.pad_token_id).generate(
+        [prompt], SamplingParams(max_new_tokens=6, temperature=0, stop_token_ids=tok.eos_token_ids)).generations[0]
+    assert [c.token for c in content] == [tok.decode([t]) for t in gen.token_ids]
+    b = make_batch([prompt + gen.token_ids], [[0] * len(prompt) + [1] * len(gen.token_ids)], None, tok.pad_token_id)
+    with torch.no_grad():
+        ref = token_logprobs(model, b)[0, len(prompt):]
+    assert max(abs(float(a) - c.logprob) for a, c in zip(ref, content)) <= 1e-4
+    plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == r.choices[0].message.content
+
+
 def test_feedback(server, client):
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=4)
     h = {"Authorization": f"Bearer {KEY}"}
@@ -78,6 +109,11 @@ def test_feedback(server, client):
     (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}), 400, "max_tokens"),
     (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x" * 70_000}]}), 413, "exceeds the limit"),
     (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 9}), 400, "temperature"),
+    (dict(json={"model": "tiny", "messages": [{"role": "hacker", "content": "x"}]}), 400, "messages.0.role"),
+    (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400,
+     "top_logprobs needs logprobs"),
+    (dict(json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                "top_logprobs": 21}), 400, "top_logprobs"),
 ])
 def test_bad_requests_are_4xx_and_change_nothing(server, send, status, needle):
     before = server["store"].count("traces")

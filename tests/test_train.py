@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -12,29 +11,11 @@ import yaml
 from gymloop.checkpoint import load_model, save_model
 from gymloop.config import ConfigError, TrainConfig, load_config
 from gymloop.engine import Engine, SamplingParams
-from gymloop.envs import REGISTRY, Score, Task
-from gymloop.envs.base import Environment
+from gymloop.envs import REGISTRY, Score, Task  # noqa: F401
 from gymloop.rollout import collect
 from gymloop.trainer import Trainer, advantages_for, rollouts_to_batch
 
-from conftest import tiny_llama
-
-
-class DigitEnv(Environment):
-    """Easily learnable: reward 1 when the reply starts with a digit (~10% of a random policy)."""
-
-    name = "digit"
-
-    def sample_tasks(self, n, split, seed):
-        rng = random.Random(f"{split}{seed}")
-        return [Task(id=f"d{split}{seed}:{i}", env=self.name,
-                     prompt=({"role": "user", "content": rng.choice("abcxyz")},), answer=None, split=split)
-                for i in range(n)]
-
-    def verify(self, task, messages):
-        text = messages[-1]["content"]
-        ok = float(bool(text) and text[0].isdigit())
-        return Score(ok, {"correct": ok}, "digit" if ok else "not a digit")
+from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
 
 def test_short_rl_run_learns_easy_task(tok):
@@ -205,40 +186,14 @@ def test_pass_at_k_by_hand():
 
 
 def test_registry_lists_arith():
-    assert "arith" in REGISTRY
-
-
-def _digit_cfg(tmp_path, tiny_model_dir, **grpo):
-    return TrainConfig.model_validate({
-        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": 40, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **grpo},
-        "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1}})
-
-
-def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
-    """A loop config on the digit task (register DigitEnv as "digit" first); `over` replaces
-    top-level fields, `grpo` is merged into the GRPO settings."""
-    from gymloop.loop import LoopConfig
-
-    return LoopConfig.model_validate({
-        "model": str(model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),
-        "name": "t", "rounds": 1, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
-        "sampling": {"max_new_tokens": 1},
-        "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **(grpo or {})},
-        **over})
-
-
-@pytest.fixture()
-def digit_env(monkeypatch):
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: DigitEnv())
+    assert "arith" in REGISTRY.names()
 
 
 @pytest.mark.parametrize("collector", ["process", "thread"])
 def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, digit_env, collector):
     from gymloop.train import train
 
-    s = train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
+    s = train(digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
               echo=lambda m: None)
     records = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in records if r["kind"] == "train"]
@@ -253,7 +208,7 @@ def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, 
 def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
     from gymloop.train import train
 
-    runs = [train(_digit_cfg(tmp_path / str(i), tiny_model_dir, steps=5), progress=False, echo=lambda m: None)
+    runs = [train(digit_cfg(tmp_path / str(i), tiny_model_dir, steps=5), progress=False, echo=lambda m: None)
             for i in range(2)]
     rewards = [[json.loads(x)["reward"] for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()
                 if json.loads(x)["kind"] == "train"] for s in runs]
@@ -268,7 +223,7 @@ def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_di
 
     from gymloop.engine import SamplingParams
     from gymloop.sources import ProcessSource
-    from conftest import tiny_llama
+    from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
     tok_ = __import__("gymloop.chat", fromlist=["x"]).ChatTokenizer(
         __import__("gymloop.chat", fromlist=["x"]).build_char_tokenizer())
@@ -296,9 +251,9 @@ def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeyp
                 raise RuntimeError("environment worker crashed")
             return super().sample_tasks(n, split, seed)
 
-    monkeypatch.setitem(REGISTRY, "digit", lambda **kw: Dying())
+    use_env(monkeypatch, "digit", lambda **kw: Dying())
     with pytest.raises(RuntimeError, match="collector died.*environment worker crashed"):
-        train(_digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
+        train(digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
               echo=lambda m: None)
 
 

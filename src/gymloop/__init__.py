@@ -1,21 +1,38 @@
 """gymloop: continuous post-training of agents.
 
 The public API (frozen early; see STYLE.md): the engine, the environments, the GRPO loss,
-the trainer, evaluation and the `train` job.
+the trainer, evaluation and the `train` job. Names are imported on first use (PEP 562), so
+`import gymloop` and the `gymloop` CLI start without importing torch.
 """
-from .algorithms import grpo_loss, group_advantages, sft_loss
-from .chat import ChatTokenizer
-from .checkpoint import load_model, resolve_model, save_model
-from .config import TrainConfig, load_config
-from .engine import Engine, SamplingParams
-from .envs import Environment, Score, Task, make_env
-from .evaluate import evaluate, pass_at_k
-from .rollout import Rollout, collect
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ChatTokenizer", "Engine", "Environment", "Rollout", "SamplingParams", "Score", "Task",
-    "TrainConfig", "collect", "evaluate", "group_advantages", "grpo_loss", "load_config",
-    "load_model", "make_env", "pass_at_k", "resolve_model", "save_model", "sft_loss",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "grpo_loss": ".algorithms", "group_advantages": ".algorithms", "sft_loss": ".algorithms",
+    "ChatTokenizer": ".chat",
+    "load_model": ".checkpoint", "resolve_model": ".checkpoint", "save_model": ".checkpoint",
+    "TrainConfig": ".config", "load_config": ".config",
+    "Engine": ".engine", "SamplingParams": ".engine",
+    "Environment": ".envs", "Score": ".envs", "Task": ".envs", "make_env": ".envs", "register_env": ".envs",
+    "evaluate": ".evaluate", "pass_at_k": ".evaluate",
+    "Rollout": ".rollout", "collect": ".rollout",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value          # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'gymloop' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

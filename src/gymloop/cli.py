@@ -85,7 +85,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .recipes import demo_config
     from .story import StoryConfig, run_story
 
+    import torch
+
     quiet = args.quiet
+    torch.set_num_threads(demo_config().threads)     # the demo's chapters and its servers: 1 thread
     if args.only in (None, "learn"):
         print("gymloop demo, chapter 1, learn: pre-train nano (cached) -> GRPO on 2-digit addition "
               "-> held-out eval -> serve it to production traffic (openai client) -> report")
@@ -130,9 +133,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .config import load_config
     from .train import train
 
+    import torch
+
     cfg = load_config(args.config)
     if args.run_dir:
         cfg.run_dir = args.run_dir
+    torch.set_num_threads(cfg.threads)
     summary = train(cfg, progress=not args.quiet)
     print(before_after_table(summary))
     return 0
@@ -177,6 +183,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if cfg.require_auth and not cfg.api_keys and not os.environ.get("GYMLOOP_API_KEYS"):
         raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
                          "or --no-auth to serve without keys")
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads)
     print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
     run(cfg, host=args.host, port=args.port)
     return 0
@@ -240,11 +252,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    from .envs import DESCRIPTIONS, make_env
+    from .envs import REGISTRY, make_env
 
     if args.envs_command == "list":
-        for name, desc in DESCRIPTIONS.items():
-            print(f"{name:<10} {desc}")
+        for e in sorted(REGISTRY.entries(), key=lambda e: e.name):
+            origin = "" if e.source == "builtin" else f"  [{e.source}]"
+            print(f"{e.name:<14} {e.description}{origin}")
         return 0
     if args.envs_command == "load":
         from .envs.jsonl import load_tasks
@@ -256,10 +269,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
         return 0 if not errors else 1
     from .envs.validate import validate
 
-    names = list(DESCRIPTIONS) if args.env == "all" else [args.env]
+    # `all`: every environment that builds without options (jsonl needs a file)
+    names = [e.name for e in REGISTRY.entries() if e.name != "jsonl"] if args.env == "all" else [args.env]
     ok = True
     for name in names:
-        env = make_env(name)
+        env = make_env(name, **json.loads(args.options))
         v = validate(env, n=args.n)
         ok &= v.ok
         print(f"{v.env:<10} {'ok' if v.ok else 'FAILED'}  gold {v.gold_passed}/{v.tasks} scored 1.0, "
@@ -357,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     va = evs.add_parser("validate", help="gold episodes score 1.0, known-wrong ones less")
     va.add_argument("env", help="an environment name (tools@v2 works), or 'all'")
     va.add_argument("--n", type=int, default=20, help="tasks to check")
+    va.add_argument("--options", default="{}", help="JSON object of environment options")
     va.set_defaults(fn=cmd_envs)
     lo = evs.add_parser("load", help="check a JSONL task file (errors name the line)")
     lo.add_argument("file")

@@ -164,7 +164,8 @@ class TrainConfig(_Strict):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO update.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     seed: int = Field(0, description="Seed of task sampling and rollouts.")
-    threads: int = Field(1, ge=1, description="torch CPU threads (1 was fastest and steadiest on 2 cores).")
+    threads: int = Field(1, ge=1, description="torch CPU threads, set for the process by `gymloop train` (1 was fastest "
+                         "and steadiest on 2 cores).")
     run_dir: str = Field("runs", description="Parent directory of run directories.")
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix).")
     stop_at_pass1: float | None = Field(

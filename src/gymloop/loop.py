@@ -13,6 +13,7 @@ from the same model, optimizer state and seeds; a committed round is never repea
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -21,7 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from .checkpoint import load_model, resolve_model
 from .config import ClusterConfig, CostConfig, EnvSpec, LoggingConfig, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig, _Strict, check_device
 from .engine import Engine
-from .envs import Task, make_env
+from .envs import Task, make_env, rebuilds_tasks
 from .evaluate import evaluate
 from .ledger import load_profiles
 from .loop_summary import loop_summary
@@ -157,16 +158,24 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
     """task_source(step) for round r: production failures of the target environment (rebuilt
     from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
     env = make_env(cfg.env.name, **cfg.env.options)
+    skipped = 0
 
     def rebuild(rows: list[dict]) -> list[Task]:
+        nonlocal skipped
         out = []
-        for f in rows:
-            if f["env"] not in (env.name, cfg.env.name):
-                continue
+        mine = [f for f in rows if f["env"] in (env.name, cfg.env.name)]
+        if mine and not rebuilds_tasks(env):
+            # said, never dropped silently: the loop learns from fresh tasks only
+            skipped += len(mine)
+            warnings.warn(f"environment {env.name!r} has no task_from_id: {len(mine)} production tasks cannot "
+                          "become training tasks (docs/environments.md)", stacklevel=2)
+            return []
+        for f in mine:
             try:
                 t = env.task_from_id(f["task_id"])
             except ValueError:
-                continue      # a reference this environment cannot rebuild: skip, never crash
+                skipped += 1  # a reference this environment cannot rebuild: counted, never a crash
+                continue
             t = Task(**{**t.__dict__, "source": "production", "split": "train"})
             store.add_task(t)
             out.append(t)
@@ -179,7 +188,7 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
     n_prod = min(len(failures), round(n * share))
     n_replay = min(len(successes), round(n * cfg.curriculum.replay_share), n - n_prod)
     stats = {"production_failures": len(failures), "production_per_step": n_prod,
-             "replay_per_step": n_replay}
+             "replay_per_step": n_replay, "production_not_rebuildable": skipped}
 
     def cycle(pool: list[Task], k: int, step: int) -> list[Task]:
         start = (r * 1_000 + step) * k
@@ -229,8 +238,9 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         start_dir = start["path"]
         drift = detect_drift(cfg, store, r, current["scores"], before)
         if drift:
-            echo(f"round {r}: drift " + ", ".join(f"{e['env']} ({e['kind']}: {e['before']:.2f} -> {e['after']:.2f})"
-                                                  for e in drift))
+            echo(f"round {r}: drift " + ", ".join(
+                f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
+                f"{e['before']:.0%} -> {e['after']:.0%})" for e in drift))
         has_state = (Path(start_dir) / "trainer_state.pt").exists()
         tcfg = TrainConfig(
             model=start_dir, env=cfg.env, sampling=cfg.sampling, grpo=cfg.grpo,

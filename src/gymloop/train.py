@@ -11,7 +11,6 @@ import functools
 import time
 from typing import Callable
 
-import torch
 from .checkpoint import load_model, resolve_model, save_model, to_gpu
 from .config import TrainConfig
 from .engine import Engine, SamplingParams
@@ -71,7 +70,6 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
 
     `task_source(step) -> tasks` replaces sampling fresh train tasks (the loop's curriculum).
     """
-    torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
     phases = Phases()
     with phases.time("pretrain"):

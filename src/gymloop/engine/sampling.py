@@ -22,6 +22,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0      # also report the k most likely tokens at each step (0: none)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -30,15 +31,20 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
 
 
 @dataclass
 class Generation:
-    """One sampled completion: ids, their log-probs, and why it ended ("stop" or "length")."""
+    """One sampled completion: ids, their log-probs, and why it ended ("stop" or "length").
+    `top_logprobs[t]`: the (token id, log-prob) pairs of the k most likely tokens at step t, when
+    asked for (SamplingParams.top_logprobs), under the same distribution as `logprobs`."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -68,18 +74,20 @@ class Backend(Protocol):
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None, top_k: int = 0):
     """Draw one token per row.
 
-    logits: [B, V] float. Returns tok [B] int64 and logp [B] float32, the log-prob of `tok`
-    under softmax(logits / temperature) (temperature 1 when greedy).
+    logits: [B, V] float. Returns tok [B] int64, logp [B] float32 (the log-prob of `tok` under
+    softmax(logits / temperature), temperature 1 when greedy) and, with `top_k` > 0, the k most
+    likely tokens and their log-probs under that distribution, (ids [B, k], logp [B, k]), else None.
     """
     logits = logits.float()
+    logp = torch.log_softmax(logits / (temperature or 1.0), -1)    # [B, V]
+    top = logp.topk(top_k, -1) if top_k else None
     if temperature == 0:
         tok = logits.argmax(-1)                                    # [B]
-        logp = torch.log_softmax(logits, -1)                       # [B, V]
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature, -1)             # [B, V]
+        picked = logp.gather(-1, tok[:, None]).squeeze(-1)
+        return tok, picked, top and (top.indices, top.values)
     probs = logp.exp()
     if top_p < 1.0:
         sp, si = probs.sort(-1, descending=True)                   # [B, V]
@@ -87,7 +95,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
         sp = sp.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
     tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    picked = logp.gather(-1, tok[:, None]).squeeze(-1)
+    return tok, picked, top and (top.indices, top.values)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
@@ -133,13 +142,16 @@ def run_generation(backend: Backend, prompts: Sequence[Sequence[int]], params: S
     ids, mask = left_pad(prompts, pad_id, device)
     logits = backend.start(ids, mask, params.max_new_tokens)
     for step in range(params.max_new_tokens):
-        tok, logp = sample_next(logits, params.temperature, params.top_p, generator)
+        tok, logp, top = sample_next(logits, params.temperature, params.top_p, generator, params.top_logprobs)
+        tops = None if top is None else [list(zip(i, v)) for i, v in zip(top[0].tolist(), top[1].tolist())]
         for row, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
             g = outs[live[row]]
             if g.finish_reason == "stop":
                 continue
             g.token_ids.append(t)
             g.logprobs.append(lp)
+            if tops is not None:
+                g.top_logprobs.append(tops[row])
             if on_token is not None:
                 on_token(live[row], t)
             if t in stop_ids or (params.stop and _hits_stop(g.token_ids, params.stop, decode, window)):

@@ -141,3 +141,7 @@ class ArithEnv(Environment):
 
     def wrong_turns(self, task: Task) -> list[str]:
         return [str(task.answer + 1)]
+
+
+def make_arith(**options) -> ArithEnv:
+    return ArithEnv(ArithConfig(**options))

@@ -251,3 +251,11 @@ class CodeEnv(SandboxedEnv):
             return [f"```python\n{task.info['files']['mathx/ops.py']}```"]   # the unfixed file
         t = next(t for t in TEMPLATES if t.name == task.info["template"])
         return [f"```python\n{_function_source(t, task.info['params'], body='return None')}```"]
+
+
+def make_code(**options) -> CodeEnv:
+    return CodeEnv(CodeConfig(**options))
+
+
+def make_code_repo(**options) -> CodeEnv:
+    return CodeEnv(CodeConfig(**{"variant": "repo", **options}))

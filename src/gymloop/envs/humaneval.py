@@ -83,3 +83,7 @@ class HumanEvalEnv(SandboxedEnv):
 
 
 __all__ = ["HumanEvalConfig", "HumanEvalEnv", "Score", "load_problems"]
+
+
+def make_humaneval(**options) -> HumanEvalEnv:
+    return HumanEvalEnv(HumanEvalConfig(**options))

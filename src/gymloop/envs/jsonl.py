@@ -1,15 +1,31 @@
-"""Tasks from JSONL files: one task per line; a bad line is reported with its number and
-skipped, and every good line still loads.
+"""Tasks from JSONL files, and the `jsonl` environment that trains on such a file.
+
+One task per line; a bad line is reported with its number and skipped, and every good line
+still loads (`gymloop envs load FILE` checks a file).
 
 Line format: {"id": str, "env": str, "prompt": str | [messages], "answer": any,
               "split": "train"|"heldout" (default train), "source": ..., "info": {...}}
+
+The `jsonl` environment (`env: {name: jsonl, options: {path: FILE, checker: last_int}}`) scores
+the final reply with a named checker, one small function each (CHECKERS):
+- `exact`: the reply, stripped, equals str(answer);
+- `last_int`: the last integer of the reply equals the answer;
+- `regex`: the answer is a regular expression the reply must contain;
+- `python`: `grade(sample, item) -> float` in [0, 1] from the file `grader`, run in gymloop's
+  sandbox (never in this process), with sample = {"output_text": reply} and item = the task's
+  info plus "answer". A grader that fails or returns something else is an error, not reward 0.
 """
 from __future__ import annotations
 
 import json
+import random
+import re
 from pathlib import Path
+from typing import Callable, Literal
 
-from .base import Task
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .base import Environment, Message, Score, Split, Task
 
 REQUIRED = ("id", "env", "prompt")
 SOURCES = ("synthetic", "dataset", "production")
@@ -55,3 +71,142 @@ def load_tasks(path: str | Path) -> tuple[list[Task], list[str]]:
             except ValueError as exc:
                 errors.append(f"{path}:{n}: {exc}")
     return tasks, errors
+
+
+class JsonlConfig(BaseModel):
+    """The `jsonl` environment: a task file and how to check a reply."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="JSONL task file (the format `gymloop envs load` checks).")
+    checker: Literal["exact", "last_int", "regex", "python"] = Field("exact", description="How a reply is scored.")
+    grader: str | None = Field(None, description="checker python: a Python file defining grade(sample, item).")
+    timeout_s: float = Field(5.0, gt=0, description="checker python: sandbox wall-clock limit per reply.")
+
+    @model_validator(mode="after")
+    def _grader(self) -> "JsonlConfig":
+        if (self.checker == "python") != (self.grader is not None):
+            raise ValueError("checker python needs grader: FILE (and only it takes one)")
+        return self
+
+
+def _reply(messages: list[Message]) -> str:
+    return messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+
+
+def check_exact(reply: str, answer: object) -> Score:
+    ok = float(reply.strip() == str(answer).strip())
+    return Score(ok, {"correct": ok}, "exact match" if ok else f"expected {str(answer)!r}")
+
+
+def check_last_int(reply: str, answer: object) -> Score:
+    from .arith import parse_answer
+
+    got = parse_answer(reply)
+    try:
+        want = int(answer)   # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return Score(0.0, {}, "answer is not an integer", error=f"answer {answer!r} is not an integer")
+    ok = float(got == want)
+    return Score(ok, {"correct": ok}, "correct" if ok else f"expected {want}, got {got}")
+
+
+def check_regex(reply: str, answer: object) -> Score:
+    try:
+        ok = float(re.search(str(answer), reply) is not None)
+    except re.error as exc:
+        return Score(0.0, {}, "bad pattern", error=f"answer {answer!r} is not a regular expression: {exc}")
+    return Score(ok, {"correct": ok}, "matched" if ok else f"no match for {str(answer)!r}")
+
+
+CHECKERS: dict[str, Callable[[str, object], Score]] = {
+    "exact": check_exact, "last_int": check_last_int, "regex": check_regex}
+
+_GRADE_MARK = "__GYMLOOP_GRADE__"
+
+
+def grade_program(grader_source: str, sample: dict, item: dict) -> str:
+    """A Python program that runs `grade(sample, item)` and prints its value on one marked line."""
+    return (grader_source + "\n\n" + "import json as _j\n"
+            f"_v = grade({sample!r}, {item!r})\n"
+            "if isinstance(_v, bool) or not isinstance(_v, (int, float)):\n"
+            "    raise TypeError(f'grade returned {type(_v).__name__}, not a number')\n"
+            f"print({_GRADE_MARK!r} + _j.dumps(float(_v)))\n")
+
+
+def score_from_grade(result) -> Score:
+    """A sandbox Result of `grade_program` as a Score: a crash or a bad value is an error."""
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)), None)
+    if result.error or line is None:
+        why = result.error or ("timed out" if result.timed_out else result.stderr.strip().splitlines()[-1:] or
+                               [f"exited {result.exit_code}"])
+        return Score(0.0, {}, "grader failed", error=f"python grader: {why if isinstance(why, str) else why[0]}")
+    value = json.loads(line[len(_GRADE_MARK):])
+    if not 0.0 <= value <= 1.0:
+        return Score(0.0, {}, "grader out of range", error=f"python grader returned {value}, not in [0, 1]")
+    return Score(value, {"grade": value}, f"graded {value:g}")
+
+
+class JsonlEnv(Environment):
+    """Single-turn tasks from a file, scored by a named checker (see the module docstring)."""
+
+    def __init__(self, config: JsonlConfig) -> None:
+        self.config = config
+        tasks, errors = load_tasks(config.path)
+        if errors:
+            raise ValueError(f"{config.path} has {len(errors)} bad line(s); the first: {errors[0]}")
+        if not tasks:
+            raise ValueError(f"{config.path} holds no tasks")
+        self.name = f"jsonl:{Path(config.path).stem}"
+        self._tasks = {t.id: Task(**{**t.__dict__, "env": self.name}) for t in tasks}
+        self._grader = Path(config.grader).read_text() if config.grader else None
+        self._pool = None
+
+    def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
+        pool = [t for t in self._tasks.values() if t.split == split]
+        if n > len(pool):
+            raise ValueError(f"asked for {n} {split} tasks; {self.config.path} has {len(pool)}")
+        return random.Random(f"{self.name}|{split}|{seed}").sample(pool, n)
+
+    def draw(self, rng: random.Random, split: Split) -> Task:
+        return rng.choice([t for t in self._tasks.values() if t.split == split])
+
+    def task_from_id(self, task_id: str) -> Task:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise ValueError(f"no task {task_id!r} in {self.config.path}") from None
+
+    def _job(self, task: Task, messages: list[Message]) -> dict:
+        item = {**task.info, "answer": task.answer}
+        return {"source": grade_program(self._grader, {"output_text": _reply(messages)}, item)}
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            from ..sandbox import Limits, Pool
+
+            self._pool = Pool(slots=2, limits=Limits(timeout_s=self.config.timeout_s, memory_mb=512))
+        return self._pool
+
+    def verify(self, task: Task, messages: list[Message]) -> Score:
+        if self._grader is not None:
+            return score_from_grade(self.pool.run(**self._job(task, messages)))
+        return CHECKERS[self.config.checker](_reply(messages), task.answer)
+
+    def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
+        if self._grader is None:
+            return [self.verify(t, m) for t, m in items]
+        return [score_from_grade(r) for r in self.pool.map([self._job(t, m) for t, m in items])]
+
+    def gold_reply(self, task: Task) -> str:
+        return str(task.answer)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def make_jsonl(**options) -> JsonlEnv:
+    return JsonlEnv(JsonlConfig(**options))

@@ -82,3 +82,7 @@ class ReasoningGymEnv(Environment):
 
     def wrong_turns(self, task: Task) -> list[str]:
         return ["Answer: no idea"]
+
+
+def make_reasoning_gym(**options) -> ReasoningGymEnv:
+    return ReasoningGymEnv(ReasoningGymConfig(**options))

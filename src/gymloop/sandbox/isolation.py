@@ -54,7 +54,12 @@ def bwrap_argv(bwrap: str, limits: Limits, program: list[str], file_fds: dict[st
         # No --new-session: the runner already starts bwrap in a new session (setsid), so the
         # sandbox has no controlling terminal to inject keystrokes into. No cgroup namespace:
         # /sys is not mounted, and every namespace costs start-up time on each of thousands of runs.
-        bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        # --as-pid-1: the program is the namespace's init, so bwrap itself waits for it and the
+        # program's CPU time reaches the runner's rusage (behind bwrap's own init, bwrap exited
+        # without reaping it and `cpu_s` read ~0 for a program that kept two cores busy). Its
+        # orphans are killed with the namespace when it exits; the wall-clock kill and the hard
+        # RLIMIT_CPU (SIGKILL) still stop it (an init ignores the soft limit's SIGXCPU).
+        bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent", "--clearenv", "--hostname", "sandbox",
     ] + (["--unshare-net"] if own_netns else [])
     for k, v in SANDBOX_ENV.items():

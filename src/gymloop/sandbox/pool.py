@@ -238,13 +238,9 @@ class Pool:
         self.close()
 
 
-_default: Pool | None = None
-
-
 def run(argv: Sequence[str] | None = None, *, source: str | None = None,
         files: dict[str, bytes] | None = None, limits: Limits | None = None) -> Result:
-    """Run once in a process-wide default pool (bubblewrap isolation)."""
-    global _default
-    if _default is None:
-        _default = Pool()
-    return _default.run(argv, source=source, files=files, limits=limits)
+    """Run once in a one-slot pool of its own (bubblewrap isolation); many runs should share a
+    `Pool` instead."""
+    with Pool(slots=1) as pool:
+        return pool.run(argv, source=source, files=files, limits=limits)

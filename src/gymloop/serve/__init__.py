@@ -1,20 +1,22 @@
 """The serving side: an OpenAI-compatible API with dynamic batching and hot weight swaps."""
+import logging
+
 from .batcher import Batcher
 from .config import ServeConfig
 
 __all__ = ["Batcher", "ServeConfig", "build", "run"]
 
+log = logging.getLogger("gymloop.serve")
+
 
 def build(cfg: ServeConfig):
-    """(app, batcher, store) for a config: loads the model, opens the store, starts batching."""
-    import torch
-
+    """(app, batcher, store) for a config: loads the model, opens the store, starts batching.
+    (The caller sets torch's thread count: `gymloop serve` applies `cfg.threads`.)"""
     from ..checkpoint import load_model, resolve_model
     from ..engine import Engine
     from ..store import Store
     from .app import create_app
 
-    torch.set_num_threads(cfg.threads)
     model, tok = load_model(resolve_model(cfg.model, progress=False))
     from ..ledger import load_profiles
 
@@ -88,7 +90,7 @@ def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> N
                     on_tick()
                 check()
             except Exception as exc:  # noqa: BLE001 - keep serving the current version, say why
-                print(f"gymloop serve: could not load the promoted version: {exc}", flush=True)
+                log.warning("could not load the promoted version (still serving v%s): %s", batcher.version, exc)
 
     threading.Thread(target=loop, name="promotion-follower", daemon=True).start()
 

@@ -12,11 +12,11 @@ import json
 import os
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from ..chat import ChatTokenizer
@@ -32,38 +32,85 @@ class APIError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
+def _json_integer(value: Any) -> Any:
+    if isinstance(value, (str, bool)):
+        raise ValueError("must be a JSON integer")
+    return value
+
+
+def json_int(minimum: int | None = None, maximum: int | None = None):
+    """An integer as JSON Schema means it: 5 and 5.0 are integers, "5" and true are not (the
+    request models are otherwise strict, and strict pydantic would refuse 5.0), with its bounds
+    both enforced and written into the schema."""
+    bounds = {k: v for k, v in (("minimum", minimum), ("maximum", maximum)) if v is not None}
+    return Annotated[int, Strict(False), BeforeValidator(_json_integer),
+                     Field(ge=minimum, le=maximum), WithJsonSchema({"type": "integer", **bounds})]
+
+
+JSONInt = json_int()
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="Who wrote the message; any other role is a 400.")
     content: str | None = None
 
 
-class ChatRequest(BaseModel):
-    """The subset of OpenAI's chat request gymloop acts on; other fields are accepted and ignored."""
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                             description="JSON schema of the arguments (default: none).")
 
-    model_config = ConfigDict(extra="allow")
+
+class ChatTool(BaseModel):
+    """A tool the model may call (OpenAI's function tool), rendered by the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat request gymloop acts on; other fields are accepted and ignored.
+    Strict: a value of the wrong JSON type ("5" for 5) is a 400, not silently converted."""
+
+    # top_logprobs > 0 needs logprobs: true (as OpenAI's API), stated in the schema too
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
+    max_tokens: json_int(1) | None = None
+    max_completion_tokens: json_int(1) | None = None
+    temperature: float = Field(1.0, ge=0, le=2, description="0 (or below 1e-4, where logits / T overflows): "
+                               "greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = None
     stream: bool = False
-    n: int = Field(1, ge=1, le=1)
-    seed: int | None = None
-    tools: list[dict] | None = None
+    n: json_int(1, 1) = 1
+    seed: JSONInt | None = None
+    tools: list[ChatTool] | None = None
+    logprobs: bool = Field(False, description="Return the log-prob of each generated token (under the sampling "
+                           "temperature's distribution, as the engine samples and a trainer recomputes).")
+    top_logprobs: json_int(0, 20) | None = Field(None, description="With logprobs: also the k most likely tokens "
+                                     "at each position.")
 
 
 class TaskRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     env: str
-    version: int | None = None
+    version: JSONInt | None = None
     task_id: str | None = None
 
 
 class FeedbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # "a reward or a label" stated in the schema too, so /openapi.json documents what is accepted
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"required": ["reward"], "properties": {"reward": {"type": "number"}}},
+        {"required": ["label"], "properties": {"label": {"type": "string"}}}]})
     trace_id: str
     reward: float | None = Field(None, ge=0, le=1)
     label: str | None = Field(None, max_length=200)
@@ -93,8 +140,65 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+def _token_entry(tok: ChatTokenizer, token_id: int, logprob: float) -> dict:
+    text = tok.decode([token_id])
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def token_logprobs(tok: ChatTokenizer, gen) -> dict:
+    """OpenAI's `choices[].logprobs`: one entry per generated token (EOS included, as sampled),
+    each with its `top_logprobs` when they were asked for."""
+    content = []
+    for i, (t, lp) in enumerate(zip(gen.token_ids, gen.logprobs)):
+        entry = _token_entry(tok, t, lp)
+        entry["top_logprobs"] = [_token_entry(tok, a, b) for a, b in gen.top_logprobs[i]] if gen.top_logprobs else []
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: OpenAI's error object."""
+
+    error: ErrorDetail
+
+
+def _body(body: type[BaseModel], narrow: dict[str, dict] | None = None) -> dict:
+    """OpenAPI for a route that reads its JSON body itself (to bound its size and word its errors):
+    the body is still declared, so /openapi.json describes what the route accepts. `narrow` adds
+    this server's own limits to fields (the model it serves, its max_tokens limit)."""
+    schema = body.model_json_schema()
+    for field, extra in (narrow or {}).items():
+        prop = schema["properties"][field]
+        for option in prop.get("anyOf", [prop]):       # an optional field: narrow its non-null form
+            if option.get("type") != "null":
+                option.update(extra)
+    defs = schema.pop("$defs", {})
+
+    def inline(node):   # the nested models in place: the body's schema stands on its own
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
+def _errors(*codes: int) -> dict:
+    why = {400: "bad request (the message names the field)", 401: "missing or invalid API key",
+           404: "unknown model or trace", 413: "request body too large", 422: "unprocessable request"}
+    return {c: {"model": ErrorBody, "description": why[c]} for c in codes}
 
 
 def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
@@ -149,38 +253,47 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
     async def healthz():
         return {"status": "ok", "model": name, "model_version": batcher.version}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prom():
         return PlainTextResponse(metrics.render(batcher.version, batcher))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_errors(401))
     async def models(request: Request):
         auth(request)
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gymloop",
                                             "version": batcher.version}]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body(ChatRequest, {
+        "model": {"enum": [name]}, "max_tokens": {"maximum": cfg.max_tokens_limit},
+        "max_completion_tokens": {"maximum": cfg.max_tokens_limit}}), responses={
+        200: {"description": "a chat.completion, or with stream: true a text/event-stream of chunks",
+              "content": {"application/json": {}, "text/event-stream": {}}}, **_errors(400, 401, 404, 413)})
     async def chat(request: Request):
         t0 = time.perf_counter()
         key_id = auth(request)
         req: ChatRequest = validate(ChatRequest, await body_json(request))
         if req.model != name:
             raise APIError(404, f"model {req.model!r} not found; this server serves {name!r}", param="model")
+        for field in ("max_tokens", "max_completion_tokens"):     # each, even the one not used
+            value = getattr(req, field)
+            if value is not None and value > cfg.max_tokens_limit:
+                raise APIError(400, f"{field} {value} exceeds the limit of {cfg.max_tokens_limit}", param=field)
         max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
-        if max_tokens > cfg.max_tokens_limit:
-            raise APIError(400, f"max_tokens {max_tokens} exceeds the limit of {cfg.max_tokens_limit}",
-                           param="max_tokens")
         messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
         try:
-            prompt = tok.prompt_ids(messages, tools=req.tools)
+            prompt = tok.prompt_ids(messages, tools=[t.model_dump() for t in req.tools] if req.tools else None)
         except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
             raise APIError(400, f"messages could not be rendered by the chat template: {exc}") from None
         if len(prompt) > cfg.max_prompt_tokens:
             raise APIError(400, f"prompt of {len(prompt)} tokens exceeds the limit of {cfg.max_prompt_tokens}",
                            param="messages")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        params = SamplingParams(max_new_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed)
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=req.temperature if req.temperature >= 1e-4 else 0.0,
+                                top_p=req.top_p,
+                                stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed,
+                                top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         request_record = req.model_dump(exclude_none=True)
@@ -194,7 +307,8 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
             body = {"id": cid, "object": "chat.completion", "created": created, "model": name,
                     "system_fingerprint": f"gymloop-v{version}", "model_version": version,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": finish_reason, "logprobs": None}],
+                                 "finish_reason": finish_reason,
+                                 "logprobs": token_logprobs(tok, gen) if req.logprobs else None}],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
                               "total_tokens": len(prompt) + len(gen.token_ids)}}
             latency = time.perf_counter() - t0
@@ -256,7 +370,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"x-gymloop-trace-id": cid})
 
-    @app.post("/v1/feedback")
+    @app.post("/v1/feedback", openapi_extra=_body(FeedbackRequest), responses=_errors(400, 401, 404, 413))
     async def feedback(request: Request):
         auth(request)
         fb: FeedbackRequest = validate(FeedbackRequest, await body_json(request))

@@ -20,7 +20,7 @@ class ServeConfig(BaseModel):
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
     max_batch: int = Field(64, ge=1, description="Most requests in one engine batch.")
     max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
-    threads: int = Field(1, ge=1, description="torch CPU threads.")
+    threads: int = Field(1, ge=1, description="torch CPU threads (`gymloop serve` sets them for the process).")
     poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
     cost_profile: str = Field("cpu-2vcpu", description="Hardware profile serving is priced on (profiles.yaml).")
 

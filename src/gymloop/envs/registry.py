@@ -1,0 +1,140 @@
+"""Where environment names come from: one table of built-ins, environments registered in code,
+installed plugin packages, and `module:factory` references.
+
+A plugin package declares its environments in the entry-point group `gymloop.envs`:
+
+    [project.entry-points."gymloop.envs"]
+    mygame = "mygame.env:make_env"         # factory(**options) -> gymloop.envs.Environment
+
+and `gymloop envs list`, `envs validate`, `train` and `run` find it by that name once it is
+installed, with no change to gymloop. A config may also name a factory directly
+(`env: {name: "mygame.env:make_env"}`). docs/environments.md describes the protocol.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
+
+from .base import Environment
+
+GROUP = "gymloop.envs"
+Factory = Callable[..., Environment]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One environment name: how to build it, one line on what it verifies, where it came from."""
+
+    name: str
+    factory: Factory
+    description: str
+    source: str = "builtin"          # builtin | registered | plugin:<distribution>
+
+
+def _lazy(module: str, factory: str) -> Factory:
+    """A factory imported only when used (code and HumanEval pull in the sandbox and datasets)."""
+    def build(**options: Any) -> Environment:
+        return getattr(importlib.import_module(module, __package__), factory)(**options)
+
+    build.__name__ = factory
+    return build
+
+
+BUILTIN: tuple[EnvEntry, ...] = (
+    EnvEntry("arith", _lazy(".arith", "make_arith"), "procedural arithmetic; the last integer of the reply is checked"),
+    EnvEntry("tools", _lazy(".tools", "make_tools"),
+             "multi-turn tool use over a versioned inventory API (version: 1, 2 or 3; tools@v3 is shorthand)"),
+    EnvEntry("code", _lazy(".code", "make_code"), "write a Python function; hidden tests run in the sandbox"),
+    EnvEntry("code-repo", _lazy(".code", "make_code_repo"),
+             "fix a bug in a tiny multi-file project; its own unittest suite decides"),
+    EnvEntry("humaneval", _lazy(".humaneval", "make_humaneval"), "the 164 HumanEval problems, their own tests in the sandbox"),
+    EnvEntry("reasoning_gym", _lazy(".reasoning_gym", "make_reasoning_gym"),
+             "any reasoning-gym dataset (dataset: NAME), scored by its own scorer"),
+    EnvEntry("jsonl", _lazy(".jsonl", "make_jsonl"),
+             "tasks from a JSONL file (path: FILE), checked by a named checker (exact, last_int, regex, python)"),
+)
+
+
+class Registry:
+    """The environment table. Built-ins and `register`ed names are looked up first; installed
+    plugins are read from their entry points when a name is not found, or when listing."""
+
+    def __init__(self, entries: tuple[EnvEntry, ...] = BUILTIN) -> None:
+        self._entries: dict[str, EnvEntry] = {e.name: e for e in entries}
+        self._plugins: dict[str, metadata.EntryPoint] | None = None
+
+    def register(self, name: str, factory: Factory, description: str, source: str = "registered") -> None:
+        if not name or "@" in name or ":" in name:
+            raise ValueError(f"environment name {name!r} must be non-empty, without '@' or ':'")
+        self._entries[name] = EnvEntry(name, factory, description, source)
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    def copy(self) -> "Registry":
+        """An independent table with the same entries (a test registers into a copy)."""
+        other = Registry(tuple(self._entries.values()))
+        other._plugins = self._plugins
+        return other
+
+    def _plugin_points(self) -> dict[str, metadata.EntryPoint]:
+        if self._plugins is None:      # read once: installed packages do not change under a process
+            self._plugins = {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+        return self._plugins
+
+    def _load_plugin(self, name: str) -> EnvEntry:
+        ep = self._plugin_points()[name]
+        try:
+            factory = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is named, never a bare traceback
+            raise ValueError(f"environment plugin {name!r} ({ep.value}) failed to load: "
+                             f"{type(exc).__name__}: {exc}") from None
+        doc = (getattr(factory, "description", None) or (factory.__doc__ or "").strip().split("\n")[0]
+               or f"plugin environment from {ep.value}")
+        dist = getattr(ep, "dist", None)
+        entry = EnvEntry(name, factory, doc, f"plugin:{dist.name if dist else ep.value}")
+        self._entries.setdefault(name, entry)
+        return self._entries[name]
+
+    def entries(self) -> list[EnvEntry]:
+        """Every environment, plugins included (loading them)."""
+        for name in self._plugin_points():
+            if name not in self._entries:
+                self._load_plugin(name)
+        return list(self._entries.values())
+
+    def names(self) -> list[str]:
+        return sorted({*self._entries, *self._plugin_points()})
+
+    def factory(self, name: str) -> Factory:
+        """The factory of a name, a plugin's entry-point name, or a `module:factory` reference."""
+        if name in self._entries:
+            return self._entries[name].factory
+        if name in self._plugin_points():
+            return self._load_plugin(name).factory
+        if ":" in name:
+            module, _, attr = name.partition(":")
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"environment {name!r}: cannot import {attr!r} from {module!r} ({exc})") from None
+        raise ValueError(f"unknown environment {name!r}; known: {self.names()} (or 'module:factory')")
+
+    def make(self, name: str, **options: Any) -> Environment:
+        """Build an environment. `tools@v2` is shorthand for `tools` with version=2."""
+        if "@v" in name and ":" not in name:
+            name, version = name.split("@v", 1)
+            options = {**options, "version": int(version)}
+        env = self.factory(name)(**options)
+        if not isinstance(env, Environment):
+            raise ValueError(f"environment {name!r}: its factory returned {type(env).__name__}, "
+                             "not a gymloop.envs.Environment")
+        return env
+
+
+def rebuilds_tasks(env: Environment) -> bool:
+    """Whether the environment implements `task_from_id` (without it, production failures cannot
+    become training tasks)."""
+    return type(env).task_from_id is not Environment.task_from_id
