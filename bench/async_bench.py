@@ -19,8 +19,8 @@ import common
 import torch
 
 from gymloop.config import EvalConfig
-from gymloop.recipes import demo_config, tools_config
-from gymloop.train import train
+from gymloop.jobs.recipes import demo_config, tools_config
+from gymloop.orchestrator.train import train
 
 
 def run(workload: str, steps: int, staleness: int, every: int = 0) -> dict:

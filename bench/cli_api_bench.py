@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=50, help="schemathesis examples per operation")
     ap.add_argument("--model", default="nano", help="model the server serves")
     args = ap.parse_args()
-    from gymloop.checkpoint import resolve_model
+    from gymloop.bases.registry import resolve_model
 
     model = str(resolve_model(args.model, progress=False))
     with tempfile.TemporaryDirectory() as tmp:

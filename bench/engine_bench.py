@@ -16,7 +16,8 @@ import sys
 import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch)
 import torch
 
-from gymloop.checkpoint import load_model, resolve_model
+from gymloop.models.checkpoint import load_model
+from gymloop.bases.registry import resolve_model
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import ArithEnv
 

@@ -13,10 +13,11 @@ import time
 import common
 import torch
 
-from gymloop.checkpoint import load_model, resolve_model
+from gymloop.models.checkpoint import load_model
+from gymloop.bases.registry import resolve_model
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import make_env
-from gymloop.rollout import collect
+from gymloop.rollout.episodes import collect
 
 
 def main() -> None:

@@ -21,13 +21,14 @@ import time
 import common
 import torch
 
-from gymloop.checkpoint import load_model, resolve_model
+from gymloop.models.checkpoint import load_model
+from gymloop.bases.registry import resolve_model
 from gymloop.config import EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
 from gymloop.engine import Engine
 from gymloop.envs import ArithEnv
 from gymloop.envs.arith import parse_answer
-from gymloop.evaluate import evaluate
-from gymloop.train import train
+from gymloop.rollout.evaluate import evaluate
+from gymloop.orchestrator.train import train
 
 
 def run_gymloop(args, max_staleness: int = 0) -> dict:

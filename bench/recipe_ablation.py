@@ -28,14 +28,14 @@ import tempfile
 import common
 import torch
 
-from gymloop.checkpoint import load_model
+from gymloop.models.checkpoint import load_model
 from gymloop.config import load_config
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import make_env
-from gymloop.evaluate import evaluate
-from gymloop.models.nano import ensure_nano, preset
-from gymloop.rollout import collect
-from gymloop.train import train
+from gymloop.rollout.evaluate import evaluate
+from gymloop.bases.nano import ensure_nano, preset
+from gymloop.rollout.episodes import collect
+from gymloop.orchestrator.train import train
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "arith-grpo.yaml")
 # The shape of the recipe before the probe band (RECIPE_VERSION 3): a fixed budget, lr 3e-3 annealed
@@ -59,7 +59,7 @@ def base_path(seed: int, old: bool, cache: str, env: dict | None = None) -> tupl
         path = ensure_nano(preset("nano", **overrides), cache_dir=cache, progress=False)
     else:
         cache = os.path.join(cache, "avx2")
-        code = ("import json,sys;from gymloop.models.nano import ensure_nano,preset;"
+        code = ("import json,sys;from gymloop.bases.nano import ensure_nano,preset;"
                 f"print(ensure_nano(preset('nano',**json.loads(sys.argv[1])),cache_dir={cache!r},progress=False))")
         out = subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], check=True, capture_output=True,
                              text=True, env={**os.environ, **env})
@@ -77,8 +77,8 @@ def heldout(path: str) -> float:
 def line_search(path: str, steps: list[float]) -> list[float]:
     """Sampled reward after a step of each normalised length along the GRPO loss's descent direction."""
     from gymloop.algorithms.grpo import grpo_loss
-    from gymloop.logprobs import token_logprobs
-    from gymloop.trainer import advantages_for, rollouts_to_batch
+    from gymloop.trainer.logprobs import token_logprobs
+    from gymloop.trainer.trainer import advantages_for, rollouts_to_batch
 
     model, tok = load_model(path)
     env = make_env("arith")

@@ -36,9 +36,9 @@ def _bytes(tensors) -> int:
 
 
 def _rank(rank: int, port: int, fsdp: bool, args, out) -> None:
-    from gymloop import sharding
-    from gymloop.logprobs import make_batch
-    from gymloop.trainer import Trainer
+    from gymloop.trainer import sharding
+    from gymloop.trainer.logprobs import make_batch
+    from gymloop.trainer.trainer import Trainer
 
     from weight_sync_bench import smollm_shaped
 

@@ -20,8 +20,8 @@ import common
 import torch
 
 from gymloop.config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
-from gymloop.models.smollm2 import available
-from gymloop.train import train
+from gymloop.bases.smollm2 import available
+from gymloop.orchestrator.train import train
 
 PROMPT = "What is {expr}? Reply with the number only."
 

@@ -16,12 +16,12 @@ import tempfile
 import common
 import torch
 
-from gymloop.checkpoint import load_model
+from gymloop.models.checkpoint import load_model
 from gymloop.engine import Engine
 from gymloop.envs import make_env
-from gymloop.evaluate import evaluate
-from gymloop.recipes import tools_config
-from gymloop.train import train
+from gymloop.rollout.evaluate import evaluate
+from gymloop.jobs.recipes import tools_config
+from gymloop.orchestrator.train import train
 
 
 def main() -> None:

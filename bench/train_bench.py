@@ -13,11 +13,12 @@ import sys
 import common
 import torch
 
-from gymloop.checkpoint import load_model, resolve_model
+from gymloop.models.checkpoint import load_model
+from gymloop.bases.registry import resolve_model
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import ArithEnv
-from gymloop.rollout import collect
-from gymloop.trainer import Trainer, advantages_for, rollouts_to_batch
+from gymloop.rollout.episodes import collect
+from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
 
 
 def main() -> None:

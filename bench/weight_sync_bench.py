@@ -22,9 +22,10 @@ import sys
 import common
 import torch
 
-from gymloop.checkpoint import load_model, resolve_model
+from gymloop.models.checkpoint import load_model
+from gymloop.bases.registry import resolve_model
 from gymloop.engine import Engine
-from gymloop.sources import SharedWeights
+from gymloop.sync.shared import SharedWeights
 
 
 def ray_sync(model: torch.nn.Module, tok) -> tuple[float, float]:
@@ -33,7 +34,7 @@ def ray_sync(model: torch.nn.Module, tok) -> tuple[float, float]:
     weights; the driver passes only the references on)."""
     import ray
 
-    from gymloop.cluster.buckets import pack
+    from gymloop.sync.buckets import pack
     from gymloop.cluster.ray_backend import RolloutWorker, put_weights
     from gymloop.cluster.ray_trainer import TrainerRank
 

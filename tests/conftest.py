@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gymloop.envs
-from gymloop.chat import ChatTokenizer, build_char_tokenizer
+from gymloop.models.chat import ChatTokenizer, build_char_tokenizer
 from gymloop.envs import Score, Task
 from gymloop.envs.base import Environment
 from gymloop.serve.background import ServerThread, free_port  # noqa: F401  (tests import free_port from here)
@@ -47,7 +47,7 @@ def model(tok):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tok):
     """A saved tiny model directory (HF format), usable as `model:` in configs."""
-    from gymloop.checkpoint import save_model
+    from gymloop.models.checkpoint import save_model
 
     path = tmp_path_factory.mktemp("models") / "tiny"
     save_model(tiny_llama(tok.vocab_size, seed=1), tok, path)
@@ -102,11 +102,11 @@ def digit_cfg(tmp_path, tiny_model_dir, **grpo):
 def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
     """A loop config on the digit task (register DigitEnv as "digit" first); `over` replaces
     top-level fields, `grpo` is merged into the GRPO settings."""
-    from gymloop.loop import LoopConfig
+    from gymloop.loop.rounds import LoopConfig
 
     return LoopConfig.model_validate({
         "model": str(model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),
-        "name": "t", "rounds": 1, "env": {"name": "digit"}, "eval_tasks": 16, "eval_max_new_tokens": 1,
+        "name": "t", "rounds": 1, "env": {"name": "digit"}, "eval": {"tasks": 16, "max_new_tokens": 1},
         "sampling": {"max_new_tokens": 1},
         "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **(grpo or {})},
         **over})

@@ -60,8 +60,8 @@ def check_page(url: str, tmp_path: Path, name: str) -> Charts:
 
 def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
     from gymloop.config import TrainConfig
-    from gymloop.report import write_report
-    from gymloop.train import train
+    from gymloop.tracking.report import write_report
+    from gymloop.orchestrator.train import train
 
     cfg = TrainConfig.model_validate({
         "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"), "sampling": {"max_new_tokens": 4},
@@ -76,7 +76,7 @@ def test_report_renders_in_chromium(tmp_path, tiny_model_dir):
 def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
     from conftest import DigitEnv, digit_loop_cfg, use_env
 
-    from gymloop.loop import run_loop
+    from gymloop.loop.rounds import run_loop
     from gymloop.store import Store
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from gymloop.cluster.buckets import pack, unpack
+from gymloop.sync.buckets import pack, unpack
 
 
 def test_pack_unpack_round_trip_with_buckets_and_tied_tensors():

@@ -1,7 +1,7 @@
 """Chat rendering: ids, masks and multi-turn continuations."""
 from __future__ import annotations
 
-from gymloop.chat import build_char_tokenizer
+from gymloop.models.chat import build_char_tokenizer
 
 
 def test_char_tokenizer_round_trip(tok):
@@ -40,7 +40,7 @@ def test_padding_side_is_saved(tmp_path):
 
 def test_nano_tokenizer_keeps_digits_single_and_shortens_tool_calls(tok):
     from gymloop.envs import make_env, play
-    from gymloop.models.nano import nano_tokenizer
+    from gymloop.bases.nano import nano_tokenizer
 
     nano = nano_tokenizer()
     text = "def f(x):\n    return {'a': [12, 345]}  # ok, MixedCase"

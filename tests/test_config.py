@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gymloop.config import ClusterConfig, load_config
-from gymloop.loop import LoopConfig
+from gymloop.loop.rounds import LoopConfig
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -50,7 +50,7 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path, tiny_model_dir):
     import torch
 
     from gymloop.config import TrainConfig
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

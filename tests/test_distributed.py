@@ -10,8 +10,8 @@ import socket
 import pytest
 import torch
 
-from gymloop.logprobs import make_batch, token_logprobs
-from gymloop.trainer import Trainer
+from gymloop.trainer.logprobs import make_batch, token_logprobs
+from gymloop.trainer.trainer import Trainer
 
 from conftest import tiny_llama
 
@@ -47,7 +47,7 @@ def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1) -> list[fl
 
 
 def _worker(rank, port, state, vocab, out, fsdp=False):
-    from gymloop import sharding
+    from gymloop.trainer import sharding
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

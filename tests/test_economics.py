@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from gymloop.config import TrainConfig
-from gymloop.ledger import ProfileError, load_profiles
+from gymloop.accounting.ledger import ProfileError, load_profiles
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, tiny_model_dir):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     root = tmp_path_factory.mktemp("eco")
     cfg = TrainConfig.model_validate({
@@ -28,10 +28,13 @@ def tiny_run(tmp_path_factory, tiny_model_dir):
 
 
 def test_phase_seconds_sum_to_the_wall_clock(tiny_run):
+    """Every second of the run is in a phase (what no phase timed is "other"), so the phases add
+    up to the run's own clock, and to no more than the clock around it."""
     summary, measured = tiny_run
     eco = summary["economics"]
     total = sum(p["seconds"] for p in eco["phases"].values())
-    assert abs(total - measured) / measured <= 0.05, (total, measured)
+    assert total == pytest.approx(summary["wall_seconds"], abs=1e-9) and total <= measured
+    assert all(p["seconds"] >= 0 for p in eco["phases"].values()) and "other" in eco["phases"]
     assert abs(eco["seconds"] - total) < 1e-9
 
 
@@ -62,7 +65,7 @@ def test_cost_per_token_and_intelligence_per_dollar_follow_the_records(tiny_run)
 
 
 def summary_params(summary) -> int:
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
 
     return sum(p.numel() for p in load_model(summary["model_path"])[0].parameters())
 
@@ -112,7 +115,7 @@ def test_shipped_profiles_load():
 
 
 def test_cost_to_maintain_sums_rounds_until_the_score_is_back():
-    from gymloop.ledger import cost_to_maintain
+    from gymloop.accounting.ledger import cost_to_maintain
 
     rounds = [{"round": r, "dollars": 0.01 * r, "served": {"tools@v2": s}, "production": {"tools@v2": p}}
               for r, s, p in [(1, 0.8, 0.9), (2, 0.3, 0.2), (3, 0.5, 0.6), (4, 0.79, 0.85)]]
@@ -140,7 +143,7 @@ def drift_loop(tmp_path_factory, tiny_model_dir):
     from conftest import DigitEnv, digit_loop_cfg
 
     import gymloop.envs
-    from gymloop.loop import run_loop
+    from gymloop.loop.rounds import run_loop
     from gymloop.store import Store
 
     root = tmp_path_factory.mktemp("loop")
@@ -164,7 +167,7 @@ def test_loop_rounds_are_in_the_ledger_and_add_up(drift_loop):
         phases = costs[r["round"]]
         assert {"generation", "training", "gate_evaluation"} <= set(phases)
         seconds = sum(p["seconds"] for p in phases.values())
-        assert seconds == pytest.approx(r["finished"] - r["started"], rel=0.05)
+        assert seconds == pytest.approx(r["finished"] - r["started"], abs=1e-6)     # "other" included
         assert row["dollars"] == pytest.approx(seconds * price / 3600)
     assert summary["post_training_dollars"] == pytest.approx(sum(r["dollars"] for r in summary["rounds"]))
     # projections: the rounds' FLOPs on every other profile, labelled as such
@@ -208,7 +211,7 @@ def test_loop_report_draws_every_chart(drift_loop):
 
 def test_demo_serves_production_traffic_and_prints_what_summary_json_says(tmp_path, tiny_model_dir):
     from gymloop.cli import before_after_table
-    from gymloop.demo import run_demo
+    from gymloop.jobs.demo import run_demo
     from gymloop.store import Store
 
     cfg = TrainConfig.model_validate({

@@ -6,7 +6,7 @@ import torch
 
 from gymloop.engine import Engine, SamplingParams, sample_next
 from gymloop.engine.sampling import left_pad
-from gymloop.logprobs import make_batch, token_logprobs
+from gymloop.trainer.logprobs import make_batch, token_logprobs
 
 from conftest import tiny_llama
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from gymloop.engine import Engine, SamplingParams
-from gymloop.logprobs import make_batch, token_logprobs
-from gymloop.trainer import Trainer
+from gymloop.trainer.logprobs import make_batch, token_logprobs
+from gymloop.trainer.trainer import Trainer
 
 from conftest import tiny_llama
 from conftest import DigitEnv, digit_cfg, use_env
@@ -61,8 +61,8 @@ def test_a_trainer_step_on_gpu_is_the_cpu_step(tok):
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_short_run_on_gpu_learns(tmp_path, tiny_model_dir, monkeypatch, staleness):
-    from gymloop.checkpoint import load_model
-    from gymloop.train import train
+    from gymloop.models.checkpoint import load_model
+    from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = digit_cfg(tmp_path, tiny_model_dir, steps=30, max_staleness=staleness, collector="thread")
@@ -81,7 +81,7 @@ def test_ray_rollout_worker_and_trainer_on_the_gpu_learn(tmp_path, tiny_model_di
     ray = pytest.importorskip("ray")
     import conftest
 
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     ray.cloudpickle.register_pickle_by_value(conftest)

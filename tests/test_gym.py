@@ -11,8 +11,8 @@ from gymloop.envs import REGISTRY, make_env, play
 from gymloop.envs.jsonl import load_tasks
 from gymloop.envs.toolcall import format_call, parse_tool_calls
 from gymloop.envs.validate import validate
-from gymloop.evaluate import evaluate
-from gymloop.rollout import collect
+from gymloop.rollout.evaluate import evaluate
+from gymloop.rollout.episodes import collect
 from gymloop.sandbox import find_bwrap
 
 needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed")

@@ -11,7 +11,7 @@ from gymloop.config import TrainConfig
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory, tiny_model_dir):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     pytest.importorskip("tensorboard", reason="pip install 'gymloop[loggers]' (make test installs it)")
     pytest.importorskip("wandb", reason="pip install 'gymloop[loggers]' (make test installs it)")

@@ -9,7 +9,8 @@ import time
 
 import yaml
 
-from gymloop.loop import GateConfig, LoopConfig, gate, run_loop
+from gymloop.loop.gate import GateConfig, gate
+from gymloop.loop.rounds import LoopConfig, run_loop
 from gymloop.store import Store
 
 from conftest import DigitEnv, digit_loop_cfg, use_env
@@ -58,8 +59,8 @@ def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promo
 
 def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_model_dir):
     cfg = {"model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-           "name": "crash", "rounds": 4, "env": {"name": "arith"}, "eval_tasks": 10,
-           "eval_max_new_tokens": 3, "sampling": {"max_new_tokens": 3},
+           "name": "crash", "rounds": 4, "env": {"name": "arith"}, "eval": {"tasks": 10,
+           "max_new_tokens": 3}, "sampling": {"max_new_tokens": 3},
            "grpo": {"steps": 30, "prompts_per_step": 4, "group_size": 4, "drop_zero_signal": False}}
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -67,9 +68,13 @@ def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_mo
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = Store(cfg["store"])
     deadline = time.time() + 120
-    while store.last_round("crash") < 1 and time.time() < deadline and proc.poll() is None:
+    # kill once round 2 is training: its metrics file has a train record (an event, not a delay)
+    def round_2_training() -> bool:
+        return any('"kind": "train"' in m.read_text()
+                   for m in (tmp_path / "runs" / "crash").glob("round-0002-*/metrics.jsonl"))
+
+    while not round_2_training() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.4)                                   # inside round 2 (or later)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     killed_at = store.last_round("crash")
@@ -92,6 +97,14 @@ def test_bad_loop_config_is_a_clear_error(tmp_path, capsys):
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err
     assert "rounds" in err and "gate.delta" in err and "lr_schedule must be 'constant' in a loop" in err
+    # a file that is not YAML, or not a mapping, is a message too, never a traceback
+    for text, needle in (("rounds: [1, 2\n", "is not valid YAML"), ("- a\n- b\n", "must hold a mapping")):
+        p.write_text(text)
+        assert main(["run", str(p)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
@@ -112,7 +125,7 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
     store.add_feedback(bad, reward=0.0, env="arith", task_id="not-an-arith-id")     # unrebuildable: skipped
     cfg = LoopConfig.model_validate({
         "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "prod", "rounds": 1, "env": {"name": "arith"}, "eval_tasks": 10, "eval_max_new_tokens": 3,
+        "name": "prod", "rounds": 1, "env": {"name": "arith"}, "eval": {"tasks": 10, "max_new_tokens": 3},
         "sampling": {"max_new_tokens": 3}, "curriculum": {"production_share": 0.5},
         "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}})
     rounds = run_loop(cfg, echo=lambda m: None)
@@ -128,7 +141,7 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
 def _loop_cfg(tmp_path, tiny_model_dir, **kw):
     return LoopConfig.model_validate({
         "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
-        "name": "drift", "rounds": 1, "env": {"name": "arith"}, "eval_tasks": 10, "eval_max_new_tokens": 3,
+        "name": "drift", "rounds": 1, "env": {"name": "arith"}, "eval": {"tasks": 10, "max_new_tokens": 3},
         "sampling": {"max_new_tokens": 3}, "curriculum": {"production_share": 0.25},
         "drift": {"window": 20, "failure_rise": 0.3, "production_share": 0.75},
         "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "drop_zero_signal": False}, **kw})
@@ -157,7 +170,7 @@ def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp
 
 
 def test_a_new_api_version_failing_after_the_old_one_worked_is_drift_of_the_new_version(tmp_path):
-    from gymloop.loop import detect_drift
+    from gymloop.loop.drift import detect_drift
 
     store = Store(tmp_path / "loop.db")
     cfg = LoopConfig.model_validate({"drift": {"window": 20, "failure_rise": 0.3}})
@@ -214,7 +227,7 @@ def test_past_successes_are_replayed(tmp_path, tiny_model_dir):
 def test_the_gate_evaluates_the_target_with_its_options(tmp_path):
     """A loop on arith with digits: 3 is gated on 3-digit tasks (the suite is built with the
     environment's options, not from its name alone)."""
-    from gymloop.loop import suite_envs
+    from gymloop.loop.gate import suite_envs
 
     cfg = LoopConfig(store=str(tmp_path / "g.db"), env={"name": "arith", "options": {"digits": 3}},
                      suites=["arith", "tools@v2"])

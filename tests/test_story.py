@@ -9,10 +9,10 @@ from pathlib import Path
 
 from gymloop.cli import story_table
 from gymloop.store import Store
-from gymloop.story import StoryConfig, run_story
+from gymloop.jobs.story import StoryConfig, run_story
 
 
-def test_story_runs_end_to_end_and_records_the_drift(tmp_path, tiny_model_dir):
+def test_story_serves_trains_and_switches_the_api(tmp_path, tiny_model_dir):
     cfg = StoryConfig(model=str(tiny_model_dir), rounds_before=1, rounds_after=1, requests_per_round=10,
                       concurrency=4, steps_per_round=2, prompts_per_step=2, eval_tasks=8, lr=1e-3)
     summary = run_story(cfg, run_dir=tmp_path, progress=False, echo=lambda m: None)

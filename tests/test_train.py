@@ -8,12 +8,12 @@ import pytest
 import torch
 import yaml
 
-from gymloop.checkpoint import load_model, save_model
+from gymloop.models.checkpoint import load_model, save_model
 from gymloop.config import ConfigError, TrainConfig, load_config
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import REGISTRY, Score, Task  # noqa: F401
-from gymloop.rollout import collect
-from gymloop.trainer import Trainer, advantages_for, rollouts_to_batch
+from gymloop.rollout.episodes import collect
+from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
 
 from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
@@ -103,7 +103,7 @@ def test_bad_config_is_a_clear_error(tmp_path, data, needle):
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    from gymloop.trainer import lr_factor
+    from gymloop.trainer.trainer import lr_factor
 
     const = [lr_factor(s, warmup_steps=4, decay_steps=None, min_ratio=0.1) for s in range(12)]
     assert const[:5] == [0.2, 0.4, 0.6, 0.8, 1.0] and set(const[4:]) == {1.0}
@@ -175,7 +175,7 @@ def test_cli_pretrain_smoke(tmp_path, capsys):
 
 
 def test_pass_at_k_by_hand():
-    from gymloop.evaluate import pass_at_k
+    from gymloop.rollout.evaluate import pass_at_k
 
     assert pass_at_k(4, 0, 2) == 0.0
     assert pass_at_k(4, 4, 2) == 1.0
@@ -191,7 +191,7 @@ def test_registry_lists_arith():
 
 @pytest.mark.parametrize("collector", ["process", "thread"])
 def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, digit_env, collector):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     s = train(digit_cfg(tmp_path, tiny_model_dir, max_staleness=1, collector=collector), progress=False,
               echo=lambda m: None)
@@ -206,7 +206,7 @@ def test_async_training_learns_with_bounded_staleness(tmp_path, tiny_model_dir, 
 
 
 def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     runs = [train(digit_cfg(tmp_path / str(i), tiny_model_dir, steps=5), progress=False, echo=lambda m: None)
             for i in range(2)]
@@ -222,11 +222,11 @@ def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_di
     import signal
 
     from gymloop.engine import SamplingParams
-    from gymloop.sources import ProcessSource
+    from gymloop.rollout.sources import ProcessSource
     from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
-    tok_ = __import__("gymloop.chat", fromlist=["x"]).ChatTokenizer(
-        __import__("gymloop.chat", fromlist=["x"]).build_char_tokenizer())
+    tok_ = __import__("gymloop.models.chat", fromlist=["x"]).ChatTokenizer(
+        __import__("gymloop.models.chat", fromlist=["x"]).build_char_tokenizer())
     env = DigitEnv()
     src = ProcessSource(tiny_llama(tok_.vocab_size), tok_, env, lambda s: env.sample_tasks(4, "train", s), 4,
                         lambda s: SamplingParams(max_new_tokens=1, seed=s), 1, max_staleness=1, timeout_s=30)
@@ -243,7 +243,7 @@ def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_di
 
 @pytest.mark.parametrize("collector", ["process", "thread"])
 def test_dead_collector_is_an_error_not_a_hang(tmp_path, tiny_model_dir, monkeypatch, collector):
-    from gymloop.train import train
+    from gymloop.orchestrator.train import train
 
     class Dying(DigitEnv):
         def sample_tasks(self, n, split, seed):
@@ -261,7 +261,7 @@ def test_shared_weights_cost_one_copy_and_never_touch_the_buffer_in_use(tok):
     import copy
     import multiprocessing as mp
 
-    from gymloop.sources import SharedWeights
+    from gymloop.sync.shared import SharedWeights
 
     trainer_model = tiny_llama(tok.vocab_size, seed=5)          # tied embeddings (tiny_llama default)
     engine = Engine(copy.deepcopy(trainer_model), tok.pad_token_id)

@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "grpo_loss": ".algorithms", "group_advantages": ".algorithms", "sft_loss": ".algorithms",
-    "ChatTokenizer": ".chat",
-    "load_model": ".checkpoint", "resolve_model": ".checkpoint", "save_model": ".checkpoint",
+    "ChatTokenizer": ".models.chat",
+    "load_model": ".models.checkpoint", "save_model": ".models.checkpoint", "resolve_model": ".bases.registry",
     "TrainConfig": ".config", "load_config": ".config",
     "Engine": ".engine", "SamplingParams": ".engine",
     "Environment": ".envs", "Score": ".envs", "Task": ".envs", "make_env": ".envs", "register_env": ".envs",
-    "evaluate": ".evaluate", "pass_at_k": ".evaluate",
-    "Rollout": ".rollout", "collect": ".rollout",
+    "evaluate": ".rollout.evaluate", "pass_at_k": ".rollout.evaluate",
+    "Rollout": ".rollout.episodes", "collect": ".rollout.episodes",
 }
 
 __all__ = sorted(_EXPORTS)

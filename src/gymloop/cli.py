@@ -81,9 +81,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Two chapters: the loop that learns (arithmetic, the foundation) and the loop that never
     stops (serve, production traffic, rounds, a tool-API drift, the recovery). Every table is
     printed from the summary files the runs wrote, not from memory."""
-    from .demo import run_demo
-    from .recipes import demo_config
-    from .story import StoryConfig, run_story
+    from .jobs.demo import run_demo
+    from .jobs.recipes import demo_config
+    from .jobs.story import StoryConfig, run_story
 
     import torch
 
@@ -112,8 +112,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Build (or find in the cache) a nano base and print where it is, as JSON."""
     import torch
 
-    from .checkpoint import load_model
-    from .models.nano import ensure_nano, preset
+    from .models.checkpoint import load_model
+    from .bases.nano import ensure_nano, preset
 
     torch.set_num_threads(args.threads)
     overrides: dict = {"seed": args.seed}
@@ -131,7 +131,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .train import train
+    from .orchestrator.train import train
 
     import torch
 
@@ -147,10 +147,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load_model, resolve_model
+    from .models.checkpoint import load_model
+    from .bases.registry import resolve_model
     from .engine import Engine
     from .envs import make_env
-    from .evaluate import evaluate
+    from .rollout.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
     model, tok = load_model(resolve_model(args.model, progress=not args.quiet))
@@ -195,16 +196,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import yaml
-    from pydantic import ValidationError
+    from .config import load_config
+    from .loop.rounds import LoopConfig, run_loop
 
-    from .config import ConfigError, format_validation_error
-    from .loop import LoopConfig, run_loop
-
-    try:
-        cfg = LoopConfig.model_validate(yaml.safe_load(Path(args.config).read_text()) or {})
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, args.config)) from None
+    cfg = load_config(args.config, model=LoopConfig)
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -218,7 +213,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     store = Store(args.db)
     if args.models_command == "add":
-        from .checkpoint import load_model
+        from .models.checkpoint import load_model
 
         load_model(args.dir)  # refuse what is not a loadable model directory
         version = store.add_model_version(str(Path(args.dir).resolve()), parent=None,
@@ -239,7 +234,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_loop_report, write_report
+    from .tracking.report import write_loop_report, write_report
 
     summary = Path(args.run_dir) / "summary.json"
     if not summary.exists():

@@ -154,39 +154,54 @@ def check_device(device: str, grpo: GRPOConfig, cluster: ClusterConfig) -> None:
                          "collector process cannot use CUDA) or cluster.backend: ray")
 
 
-class TrainConfig(_Strict):
-    """`gymloop train CONFIG.yaml`."""
+class RunBlocks(_Strict):
+    """The blocks a training run and a loop share: what model, on what, trained how, priced,
+    logged and placed where. `TrainConfig` and the loop's `LoopConfig` both are these blocks plus
+    their own fields, so a loop's round is a `TrainConfig` built from the loop's blocks."""
 
     model: str = Field("nano", description="'nano' or 'nano-tools' (built and cached locally; 'nano:seed=1' picks the "
-                       "pre-training seed), 'smollm2', or a Hugging Face model directory.")
-    env: EnvSpec = Field(default_factory=EnvSpec, description="Environment.")
+                       "pre-training seed), 'smollm2', or a Hugging Face model directory. In a loop: the base "
+                       "model when the store has no promoted version yet.")
+    env: EnvSpec = Field(default_factory=EnvSpec, description="Environment trained on.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout sampling.")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO update.")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
-    seed: int = Field(0, description="Seed of task sampling and rollouts.")
-    threads: int = Field(1, ge=1, description="torch CPU threads, set for the process by `gymloop train` (1 was fastest "
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO update (in a loop: per round).")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation (in a loop: also "
+                             "the tasks per suite at the gate).")
+    seed: int = Field(0, description="Seed of task sampling and rollouts (a loop's round r uses seed * 1000 + r).")
+    threads: int = Field(1, ge=1, description="torch CPU threads, set for the process by the CLI (1 was fastest "
                          "and steadiest on 2 cores).")
     run_dir: str = Field("runs", description="Parent directory of run directories.")
-    name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix).")
-    stop_at_pass1: float | None = Field(
-        None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
-    )
+    name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix); a loop's id "
+                      "(a restart with the same name resumes).")
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
         "(asynchronous training then needs grpo.collector: thread, or backend: ray, since a forked "
         "process cannot use CUDA). Ray actors are placed by cluster: rollout workers and trainer actors "
-        "on GPUs with cluster.worker_gpus and cluster.trainer_gpus.")
-
-    @model_validator(mode="after")
-    def _cuda_collector(self) -> "TrainConfig":
-        check_device(self.device, self.grpo, self.cluster)
-        return self
-    init_trainer_state: str | None = Field(
-        None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
+        "on GPUs with cluster.worker_gpus and cluster.trainer_gpus. A loop's gate evaluations and "
+        "serving stay on the CPU.")
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost accounting.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric loggers.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the roles run.")
+
+    @model_validator(mode="after")
+    def _cuda_collector(self) -> "RunBlocks":
+        check_device(self.device, self.grpo, self.cluster)
+        return self
+
+    def blocks(self) -> dict[str, Any]:
+        """The shared blocks as keyword arguments of another `RunBlocks` subclass."""
+        return {k: getattr(self, k) for k in RunBlocks.model_fields}
+
+
+class TrainConfig(RunBlocks):
+    """`gymloop train CONFIG.yaml`."""
+
+    stop_at_pass1: float | None = Field(
+        None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
+    )
+    init_trainer_state: str | None = Field(
+        None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
 
 
 class ConfigError(ValueError):
@@ -202,8 +217,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
-    """Read and validate a YAML config; raise ConfigError naming every bad field."""
+def load_config(path: str | Path, overrides: dict | None = None, model: type[BaseModel] = TrainConfig) -> Any:
+    """Read and validate a YAML config as `model` (`TrainConfig` for `gymloop train`, `LoopConfig`
+    for `gymloop run`); raise ConfigError naming every bad field, or what is wrong with the file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -215,7 +231,7 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
         raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
     data = _deep_merge(data, overrides or {})
     try:
-        return TrainConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, str(path))) from None
 

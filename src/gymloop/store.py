@@ -300,7 +300,8 @@ class Store:
         return [_row(r, ("metrics",)) for r in rows]
 
     def commit_round(self, run_id: str, round: int, *, path: str, parent: int | None, status: str,
-                     scores: dict, metrics: dict, started: float, ledger: list[dict] = ()) -> int:
+                     scores: dict, metrics: dict, started: float, ledger: list[dict] = (),
+                     finished: float | None = None) -> int:
         """Register the round's candidate, the round and its ledger rows in one transaction.
 
         A crash before this call loses nothing committed (the round is redone, and its costs are
@@ -312,7 +313,8 @@ class Store:
                             (parent, path, time.time(), status, json.dumps(scores)))
             version = int(cur.lastrowid)
             c.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?)",
-                      (run_id, round, status, started, time.time(), json.dumps({**metrics, "version": version})))
+                      (run_id, round, status, started, time.time() if finished is None else finished,
+                       json.dumps({**metrics, "version": version})))
             for row in ledger:
                 self._insert_ledger(c, run_id=run_id, round=round, **row)
         return version

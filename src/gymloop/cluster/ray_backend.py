@@ -24,13 +24,13 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint import to_gpu
+from ..engine.device import to_gpu
 from ..config import ClusterConfig
 from ..engine import Engine, SamplingParams
 from ..envs.base import Environment, Task
-from ..rollout import RolloutStats, collect
-from ..sources import RolloutBatch, TaskSampler
-from .buckets import Slot, pack, unpack
+from ..rollout.episodes import RolloutStats, collect
+from ..rollout.sources import RolloutBatch, TaskSampler
+from ..sync.buckets import Slot, pack, unpack
 
 
 class ClusterError(RuntimeError):

@@ -21,12 +21,12 @@ from datetime import timedelta
 
 import torch
 
-from .. import sharding
-from ..checkpoint import to_gpu
+from ..trainer import sharding
+from ..engine.device import to_gpu
 from ..config import ClusterConfig
-from ..logprobs import TokenBatch
-from ..trainer import Trainer, read_state, write_state
-from .buckets import unpack
+from ..trainer.logprobs import TokenBatch
+from ..trainer.trainer import Trainer, read_state, write_state
+from ..sync.buckets import unpack
 from .ray_backend import ClusterError, Published, put_weights
 
 

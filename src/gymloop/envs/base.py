@@ -129,13 +129,24 @@ class Environment(ABC):
         return None
 
 
-def play(env: Environment, task: Task, turns: list[str]) -> tuple[list[Message], Score]:
-    """Run scripted model turns through the environment protocol and verify the episode."""
+def run_episode(env: Environment, task: Task, reply: Callable[[list[Message]], str],
+                max_turns: int) -> tuple[list[Message], Score]:
+    """One episode through the environment protocol, whoever writes the model's turns: `reply`
+    gets the conversation so far and returns the next assistant message (a script, a client of
+    the serving API). Ends when the environment says done or after `max_turns` replies, then
+    verifies. (Training's `rollout.episodes.collect` runs the same turns batched, on token ids.)"""
     messages = env.reset(task)
-    for i, text in enumerate(turns):
+    for turn in range(max_turns):
+        text = reply(messages)
         messages.append({"role": "assistant", "content": text})
         step = env.step(task, messages, text)
-        if step.done or i == len(turns) - 1:
+        if step.done or turn == max_turns - 1:
             break
         messages += [dict(m) for m in step.observation]
     return messages, env.verify(task, messages)
+
+
+def play(env: Environment, task: Task, turns: list[str]) -> tuple[list[Message], Score]:
+    """Run scripted model turns through the environment protocol and verify the episode."""
+    script = iter(turns)
+    return run_episode(env, task, lambda messages: next(script), max_turns=len(turns))

@@ -1,6 +1,7 @@
 """The serving side: an OpenAI-compatible API with dynamic batching and hot weight swaps."""
 import logging
 
+from ..accounting.ledger import token_flops
 from .batcher import Batcher
 from .config import ServeConfig
 
@@ -12,20 +13,20 @@ log = logging.getLogger("gymloop.serve")
 def build(cfg: ServeConfig):
     """(app, batcher, store) for a config: loads the model, opens the store, starts batching.
     (The caller sets torch's thread count: `gymloop serve` applies `cfg.threads`.)"""
-    from ..checkpoint import load_model, resolve_model
+    from ..models.checkpoint import load_model
+    from ..bases.registry import resolve_model
     from ..engine import Engine
     from ..store import Store
     from .app import create_app
 
     model, tok = load_model(resolve_model(cfg.model, progress=False))
-    from ..ledger import load_profiles
+    from ..accounting.ledger import load_profiles
 
     store = Store(cfg.db)
     profiles = load_profiles()
     if cfg.cost_profile not in profiles:
         raise ValueError(f"cost_profile {cfg.cost_profile!r} is not a profile; known: {sorted(profiles)}")
-    serving = ServingLedger(store, profiles[cfg.cost_profile].usd_per_hour,
-                            sum(p.numel() for p in model.parameters()))
+    serving = ServingLedger(store, profiles[cfg.cost_profile], sum(p.numel() for p in model.parameters()))
     engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
@@ -38,10 +39,10 @@ class ServingLedger:
     """Engine seconds and tokens of serving, flushed to the store's ledger every poll tick
     (one row per tick, not per batch: the ledger is priced per phase, not per request)."""
 
-    def __init__(self, store, usd_per_hour: float, active_params: int) -> None:
+    def __init__(self, store, profile, active_params: int) -> None:
         import threading
 
-        self.store, self.price, self.params = store, usd_per_hour, active_params
+        self.store, self.profile, self.params = store, profile, active_params
         self.lock = threading.Lock()
         self.seconds = 0.0
         self.prompt = self.served = 0
@@ -57,8 +58,8 @@ class ServingLedger:
             sec, prompt, served = self.seconds, self.prompt, self.served
             self.seconds, self.prompt, self.served = 0.0, 0, 0
         if served or prompt:
-            self.store.add_ledger("serving", sec, dollars=sec * self.price / 3600,
-                                  flops=2 * self.params * (prompt + served),
+            self.store.add_ledger("serving", sec, dollars=self.profile.dollars(sec),
+                                  flops=token_flops(self.params, prompt_tokens=prompt, served_tokens=served),
                                   prompt_tokens=prompt, served_tokens=served)
 
 

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
-from ..chat import ChatTokenizer
+from ..models.chat import ChatTokenizer
 from ..engine import SamplingParams
 from ..store import Store, StoreError
 from .batcher import Batcher

@@ -5,11 +5,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .chat import ChatTokenizer
-from .engine import Engine, SamplingParams
-from .envs.base import Environment, Task
-from .progress import progress as progress_bar
-from .rollout import Rollout, RolloutStats, collect
+from ..models.chat import ChatTokenizer
+from ..engine import Engine, SamplingParams
+from ..envs.base import Environment, Task
+from ..tracking.progress import progress as progress_bar
+from .episodes import Rollout, RolloutStats, collect
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -14,16 +14,16 @@ import secrets
 from pathlib import Path
 from typing import Callable
 
-from .config import TrainConfig
-from .run import write_json
+from ..config import TrainConfig
+from ..tracking.run_dir import write_json
 
 
 def serve_and_measure(run_dir: Path, cfg: TrainConfig, requests: int, concurrency: int = 16) -> dict:
     """Serve the run's checkpoint on loopback, send `requests` held-out episodes, return the
     serving section of the summary (from the store, not from the client's counters)."""
-    from .envs import make_env
-    from .serve import ServeConfig
-    from .serve.background import serving
+    from ..envs import make_env
+    from ..serve import ServeConfig
+    from ..serve.background import serving
     from .traffic import send_traffic
 
     key = "sk-demo-" + secrets.token_hex(8)
@@ -50,8 +50,8 @@ def serve_and_measure(run_dir: Path, cfg: TrainConfig, requests: int, concurrenc
 def run_demo(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
              requests: int = 128) -> dict:
     """Train, serve, report; returns the summary as written to summary.json."""
-    from .report import write_report
-    from .train import train
+    from ..tracking.report import write_report
+    from ..orchestrator.train import train
 
     summary = train(cfg, progress=progress, echo=echo)
     run_dir = Path(summary["run_dir"])

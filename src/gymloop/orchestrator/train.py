@@ -11,16 +11,19 @@ import functools
 import time
 from typing import Callable
 
-from .checkpoint import load_model, resolve_model, save_model, to_gpu
-from .config import TrainConfig
-from .engine import Engine, SamplingParams
-from .envs import make_env
-from .evaluate import EvalResult, evaluate
-from .ledger import Ledger, load_profiles
-from .sources import AsyncSource, ProcessSource, SyncSource
-from .progress import progress as progress_bar
-from .run import Phases, RunDir
-from .trainer import Trainer, advantages_for, rollouts_to_batch
+from ..models.checkpoint import load_model, save_model
+from ..bases.registry import resolve_model
+from ..engine.device import to_gpu
+from ..config import TrainConfig
+from ..engine import Engine, SamplingParams
+from ..envs import make_env
+from ..rollout.evaluate import EvalResult, evaluate
+from ..accounting.ledger import Ledger, load_profiles
+from ..rollout.sources import AsyncSource, ProcessSource, SyncSource
+from ..sync.publish import weight_sync
+from ..tracking.progress import progress as progress_bar
+from ..tracking.run_dir import Phases, RunDir
+from ..trainer.trainer import Trainer, advantages_for, rollouts_to_batch
 
 
 def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = False, collector=None) -> EvalResult:
@@ -35,7 +38,7 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
     or a collector beside it (asynchronous: a process by default, or a thread)."""
     g = cfg.grpo
     if cfg.cluster.backend == "ray":
-        from .cluster.ray_backend import RaySource
+        from ..cluster.ray_backend import RaySource
 
         return RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
                          cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness)
@@ -54,7 +57,7 @@ def _trainer(cfg: TrainConfig, model):
                   min_lr_ratio=g.min_lr_ratio, train_only=tuple(g.train_only),
                   decay_steps=g.steps * g.epochs * g.minibatches if g.lr_schedule == "cosine" else None)
     if cfg.cluster.trainers:
-        from .cluster.ray_trainer import TrainerGroup
+        from ..cluster.ray_trainer import TrainerGroup
 
         trainer = TrainerGroup(model, kwargs, cfg.cluster, threads=cfg.threads)
     else:
@@ -100,7 +103,6 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     source = make_source() if cfg.cluster.backend == "ray" else None
     evaluator = source.collect if source is not None else None
     trainer = None
-    remote = cfg.cluster.trainers > 0      # the weights live in the trainer actors, not in `model`
     try:
         trainer = _trainer(cfg, model)
         with phases.time("evaluation"):
@@ -120,6 +122,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
         dropped_stale = 0
         version = 0
         source = source or make_source()
+        sync = weight_sync(model, trainer, engine, source, remote_trainer=cfg.cluster.trainers > 0)
         phases.add("setup", time.perf_counter() - setup_t0 - base_eval_s)
         bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
         for step in bar:
@@ -151,15 +154,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                         loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
                     ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
             with phases.time("weight_sync"):
-                if remote:           # rank 0 puts them in the object store itself
-                    source.set_weights(trainer.publish(step))
-                else:
-                    # The trainer's own engine (evaluation; sync rollouts) shares the model's
-                    # tensors, so this copies nothing and only bumps its version. An async
-                    # collector gets the new weights to load between its batches.
-                    engine.load_weights(model.state_dict(), version=step)
-                    if g.max_staleness or cfg.cluster.backend == "ray":
-                        source.publish(model, version=step)
+                sync.publish(step)
             version = step
             with phases.time("logging"):
                 ok = [r for r in rollouts if r.ok]
@@ -179,9 +174,8 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
                     echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
                     break
-        if remote:
-            with phases.time("weight_sync"):
-                engine.load_weights(trainer.state_dict(), version=version)
+        with phases.time("weight_sync"):
+            sync.finish(version)
         if cfg.eval.ks:
             with phases.time("evaluation"):
                 last = _eval(engine, tok, env, heldout, cfg, ks=cfg.eval.ks, progress=progress, collector=evaluator)
@@ -197,9 +191,11 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 trainer.close()
             if source is not None:
                 source.close()
+    wall = time.perf_counter() - t_start
+    # every second of the run is on the ledger, what no phase timed (logging set-up, summaries) too
+    phases.add("other", max(0.0, wall - sum(phases.seconds.values())))
     for phase, sec in phases.seconds.items():
         ledger.add(phase, sec)
-    wall = time.perf_counter() - t_start
     economics = ledger.summary(base.pass1, last.pass1, post_training_phases=learn,
                                generation_seconds=overlapped["generation"] if g.max_staleness else None)
     economics["wall_seconds"] = wall

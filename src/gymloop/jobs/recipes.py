@@ -1,7 +1,7 @@
 """Ready-made configurations (the demo's, and the benchmarks')."""
 from __future__ import annotations
 
-from .config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
+from ..config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
 
 
 def demo_config(run_dir: str = "runs", model: str = "nano") -> TrainConfig:

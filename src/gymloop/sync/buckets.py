@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .tensors import unique_tensors
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -28,14 +30,8 @@ def pack(state: dict[str, torch.Tensor], bucket_bytes: int = 64 << 20) -> tuple[
     can hand them to readers without a copy."""
     groups: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
-    first: dict[tuple, str] = {}           # tied names (one tensor) travel once
-    aliases: dict[str, str] = {}
-    for name, t in state.items():
-        key = (t.data_ptr(), tuple(t.shape), t.dtype)
-        if key in first:
-            aliases[name] = first[key]
-            continue
-        first[key] = name
+    unique, aliases = unique_tensors(state)           # tied names (one tensor) travel once
+    for name, t in unique.items():
         n = t.numel() * t.element_size()
         if groups[-1] and size + n > bucket_bytes:
             groups.append([])

@@ -18,9 +18,9 @@ from typing import Sequence
 import torch
 
 from . import sharding
-from .algorithms.grpo import LossAgg, group_advantages, grpo_loss
+from ..algorithms.grpo import LossAgg, group_advantages, grpo_loss
 from .logprobs import TokenBatch, make_batch, token_logprobs
-from .rollout import Rollout
+from ..rollout.episodes import Rollout
 
 
 @dataclass

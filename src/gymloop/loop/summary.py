@@ -7,8 +7,8 @@ so the numbers a person reads are the store's, never a second bookkeeping.
 """
 from __future__ import annotations
 
-from .ledger import Profile, cost_to_maintain, project
-from .store import Store
+from ..accounting.ledger import Profile, cost_to_maintain, project
+from ..store import Store
 
 
 def loop_summary(store: Store, run_id: str, target: str, epsilon: float,

@@ -13,7 +13,7 @@ The agent's prompt does not list its tools (`schemas: false`): it knows them fro
 fine-tuned production agent with a short prompt does. Nothing the model sees changes with the
 API, so the old behaviour fails by construction, whatever the base. Recovery is learnable because
 nano-tools saw v3 transcripts too (40% of its tool transcripts) and samples the new API now and
-then, never greedily (models/nano.py).
+then, never greedily (bases/nano.py).
 
 Production asks train-split tasks (they become training tasks when they fail); the gate's
 suites are held-out tasks, so promotion is judged on problems never trained on.
@@ -28,10 +28,10 @@ from typing import Callable
 
 from pydantic import Field
 
-from .config import EnvSpec, GRPOConfig, SamplingConfig, _Strict
-from .ledger import load_profiles
-from .loop import CurriculumConfig, DriftConfig, GateConfig, LoopConfig, run_loop, suite_envs, write_loop_files
-from .run import new_run_path, write_json
+from ..config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
+from ..accounting.ledger import load_profiles
+from ..loop.rounds import CurriculumConfig, DriftConfig, GateConfig, LoopConfig, run_loop, suite_envs, write_loop_files
+from ..tracking.run_dir import new_run_path, write_json
 
 
 class StoryConfig(_Strict):
@@ -65,7 +65,7 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
         grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=8,
                         lr=cfg.lr, warmup_steps=5, betas=(0.9, 0.999)),
-        eval_tasks=cfg.eval_tasks, eval_max_new_tokens=cfg.max_new_tokens,
+        eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.max_new_tokens),
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),
         curriculum=CurriculumConfig(production_share=0.5, replay_share=0.1),
@@ -93,10 +93,10 @@ def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
 
 def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = True,
               echo: Callable[[str], None] = print) -> dict:
-    from .checkpoint import resolve_model
-    from .envs import make_env
-    from .serve import ServeConfig
-    from .serve.background import serving
+    from ..bases.registry import resolve_model
+    from ..envs import make_env
+    from ..serve import ServeConfig
+    from ..serve.background import serving
     from .traffic import send_traffic
 
     t0 = time.perf_counter()

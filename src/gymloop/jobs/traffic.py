@@ -15,7 +15,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .envs import Environment, Task
+from ..envs import Environment, Task
+from ..envs.base import run_episode
 
 
 @dataclass
@@ -41,27 +42,25 @@ def send_feedback(base_url: str, api_key: str, trace_id: str, reward: float, tas
     urllib.request.urlopen(req, timeout=30).close()
 
 
-def run_episode(client, model: str, env: Environment, task: Task, max_tokens: int, max_turns: int,
+def api_episode(client, model: str, env: Environment, task: Task, max_tokens: int, max_turns: int,
                 temperature: float = 0.0) -> tuple[float, str, list[int], int]:
-    """(reward, last trace id, model versions that answered, completion tokens) of one episode."""
-    messages = env.reset(task)
+    """(reward, last trace id, model versions that answered, completion tokens) of one episode
+    whose turns the served model writes through the `openai` client."""
     tools = env.tools(task)
-    versions, tokens, trace_id = [], 0, ""
-    for turn in range(max_turns):
+    seen = {"trace_id": "", "versions": [], "tokens": 0}
+
+    def reply(messages: list) -> str:
         resp = client.chat.completions.with_raw_response.create(
             model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
             **({"tools": tools} if tools else {}))
-        trace_id = resp.headers.get("x-gymloop-trace-id", "")
+        seen["trace_id"] = resp.headers.get("x-gymloop-trace-id", "")
         completion = resp.parse()
-        versions.append(int(resp.headers.get("x-gymloop-model-version", "-1")))
-        tokens += completion.usage.completion_tokens if completion.usage else 0
-        text = completion.choices[0].message.content or ""
-        messages.append({"role": "assistant", "content": text})
-        step = env.step(task, messages, text)
-        if step.done:
-            break
-        messages.extend(dict(m) for m in step.observation)
-    return env.verify(task, messages).reward, trace_id, versions, tokens
+        seen["versions"].append(int(resp.headers.get("x-gymloop-model-version", "-1")))
+        seen["tokens"] += completion.usage.completion_tokens if completion.usage else 0
+        return completion.choices[0].message.content or ""
+
+    _, score = run_episode(env, task, reply, max_turns)
+    return score.reward, seen["trace_id"], seen["versions"], seen["tokens"]
 
 
 def send_traffic(base_url: str, api_key: str, model: str, env: Environment, tasks: list[Task], *,
@@ -76,7 +75,7 @@ def send_traffic(base_url: str, api_key: str, model: str, env: Environment, task
 
     def one(task: Task) -> None:
         try:
-            reward, trace_id, versions, tokens = run_episode(client, model, env, task, max_tokens, max_turns)
+            reward, trace_id, versions, tokens = api_episode(client, model, env, task, max_tokens, max_turns)
             send_feedback(base_url, api_key, trace_id, reward, task, env, env_version)
         except Exception as exc:  # noqa: BLE001 - a failed request is counted and reported, not fatal
             with lock:

@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from .run_dir import read_metrics
+
+
 W, H, PAD = 560, 220, 40
 LEFT = 76          # room for tick labels like 1.23e+04 left of the plot
 
@@ -133,7 +136,7 @@ def _page(title: str, note: str, body: str) -> str:
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_metrics(run_dir)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     eco = summary.get("economics", {})

@@ -11,7 +11,7 @@ from typing import Iterator
 import yaml
 from pydantic import BaseModel
 
-from .config import LoggingConfig
+from ..config import LoggingConfig
 from .loggers import make_sinks, scalars
 
 
@@ -56,6 +56,20 @@ class RunDir:
         self._metrics.close()
         for sink in self._sinks:
             sink.close()
+
+
+def read_metrics(run_dir: str | Path, kind: str | None = None) -> list[dict]:
+    """The records of a run's metrics.jsonl, in order (only those of `kind`: "train", "eval"). A
+    last line cut short by a crash is skipped."""
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if kind is None or rec.get("kind") == kind:
+            out.append(rec)
+    return out
 
 
 def write_json(path: Path, data: dict) -> Path:

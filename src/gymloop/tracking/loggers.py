@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from .config import LoggingConfig
+from ..config import LoggingConfig
 
 
 class Sink(Protocol):

@@ -34,10 +34,11 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..algorithms.sft import sft_loss
-from ..chat import ChatTokenizer, build_char_tokenizer, nano_hf_tokenizer, train_nano_tokenizer
+from ..models.chat import ChatTokenizer, build_char_tokenizer, nano_hf_tokenizer, train_nano_tokenizer
 from ..envs import make_env, play
-from ..logprobs import make_batch, token_logprobs
-from ..progress import progress as progress_bar
+from ..trainer.logprobs import make_batch, token_logprobs
+from ..tracking.progress import progress as progress_bar
+from ..models.cache import default_cache_dir
 
 # Bump when the pre-training code changes what gets cached (the tokenizer enters the key itself).
 RECIPE_VERSION = 4
@@ -120,10 +121,6 @@ class NanoConfig(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("GYMLOOP_CACHE", Path.home() / ".cache" / "gymloop"))
-
-
 @functools.lru_cache(maxsize=1)
 def _nano_tokenizer_json() -> str:
     texts = []
@@ -185,7 +182,7 @@ def corpus_batch(envs: list, tok: ChatTokenizer, rng: random.Random, n: int, los
 
 
 def _lr_lambda(cfg: NanoConfig):
-    from ..trainer import lr_factor
+    from ..trainer.trainer import lr_factor
 
     decay = cfg.steps if cfg.lr_schedule == "cosine" else None
     return functools.partial(lr_factor, warmup_steps=cfg.warmup_steps, decay_steps=decay, min_ratio=0.0)
@@ -194,7 +191,7 @@ def _lr_lambda(cfg: NanoConfig):
 def probe_score(model: torch.nn.Module, tok: ChatTokenizer, env, tasks: list, spec: ProbeSpec) -> float:
     """Greedy pass@1 of `model` on the probe tasks (the model is left in eval mode)."""
     from ..engine import Engine
-    from ..evaluate import evaluate
+    from ..rollout.evaluate import evaluate
 
     model.eval()
     engine = Engine(model, tok.pad_token_id, decode=tok.decode)
@@ -276,7 +273,7 @@ def preset(name: str, **overrides) -> NanoConfig:
 
 def ensure_nano(cfg: NanoConfig, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """Path of the pre-trained nano model for `cfg`, pre-training it only if not cached."""
-    from ..checkpoint import save_model
+    from ..models.checkpoint import save_model
 
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "models" / f"nano-{cfg.key()}"

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
-from .chat import ChatTokenizer
-from .engine import Engine, SamplingParams
-from .envs.base import Environment, Message, Score, Task
+from ..models.chat import ChatTokenizer
+from ..engine import Engine, SamplingParams
+from ..envs.base import Environment, Message, Score, Task
 
 
 @dataclass

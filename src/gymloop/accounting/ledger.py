@@ -27,6 +27,17 @@ class Profile(BaseModel):
     peak_flops: float = Field(gt=0, description="Peak dense FLOP/s of one device (bf16 for GPUs).")
     assumption: str = Field(min_length=1, description="Where the price comes from, and its date.")
 
+    def dollars(self, seconds: float) -> float:
+        """What `seconds` of this hardware cost: the one place a price meets a clock."""
+        return seconds * self.usd_per_hour / 3600
+
+
+def token_flops(active_params: int, *, prompt_tokens: int = 0, generated_tokens: int = 0,
+                served_tokens: int = 0, trained_tokens: int = 0) -> float:
+    """FLOPs of the tokens a phase processed: 2 per parameter per token through a forward pass
+    (prompt, generated, served), 6 per parameter per trained token (forward and backward)."""
+    return 2 * active_params * (prompt_tokens + generated_tokens + served_tokens) + 6 * active_params * trained_tokens
+
 
 class ProfileError(ValueError):
     """A profiles file that does not validate; the message names the profile and field."""
@@ -78,11 +89,11 @@ class Ledger:
         e.generated_tokens += generated_tokens
         e.trained_tokens += trained_tokens
         e.served_tokens += served_tokens
-        n = self.active_params
-        e.flops += 2 * n * (prompt_tokens + generated_tokens + served_tokens) + 6 * n * trained_tokens
+        e.flops += token_flops(self.active_params, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens,
+                               served_tokens=served_tokens, trained_tokens=trained_tokens)
 
     def dollars(self, seconds: float) -> float:
-        return seconds * self.profile.usd_per_hour / 3600
+        return self.profile.dollars(seconds)
 
     def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...],
                 generation_seconds: float | None = None) -> dict:
@@ -121,7 +132,7 @@ def project(flops: float, profiles: dict[str, Profile], utilisation: float = 0.4
     out = {}
     for name, p in profiles.items():
         seconds = flops / (p.peak_flops * utilisation)
-        out[name] = {"projection": True, "seconds": seconds, "dollars": seconds * p.usd_per_hour / 3600,
+        out[name] = {"projection": True, "seconds": seconds, "dollars": p.dollars(seconds),
                      "assumption": f"{flops:.3g} FLOPs at {utilisation:.0%} of {p.peak_flops:.3g} FLOP/s peak; "
                                    f"{p.assumption}"}
     return out

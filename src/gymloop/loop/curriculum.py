@@ -1,0 +1,82 @@
+"""What a round trains on: production failures rebuilt as tasks, replayed successes, fresh tasks;
+and which model version a round starts from (its lineage)."""
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Callable
+
+from pydantic import Field
+
+from ..config import _Strict
+from ..envs import Task, make_env, rebuilds_tasks
+from ..store import Store
+
+if TYPE_CHECKING:
+    from .rounds import LoopConfig
+
+
+class CurriculumConfig(_Strict):
+    """What each round trains on."""
+
+    production_share: float = Field(0.5, ge=0, le=1, description="Share of each step's tasks drawn from "
+                                    "production failures (feedback with reward < 1 and a task reference).")
+    replay_share: float = Field(0.1, ge=0, le=1, description="Share drawn from past production successes, "
+                                "so skills already learned are kept; the rest are fresh tasks.")
+
+
+def curriculum(cfg: "LoopConfig", store: Store, r: int,
+               production_share: float | None = None) -> tuple[Callable[[int], list[Task]], dict]:
+    """task_source(step) for round r: production failures of the target environment (rebuilt
+    from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
+    env = make_env(cfg.env.name, **cfg.env.options)
+    skipped = 0
+
+    def rebuild(rows: list[dict]) -> list[Task]:
+        nonlocal skipped
+        out = []
+        mine = [f for f in rows if f["env"] in (env.name, cfg.env.name)]
+        if mine and not rebuilds_tasks(env):
+            skipped += len(mine)     # said once below, never dropped silently
+            return []
+        for f in mine:
+            try:
+                t = env.task_from_id(f["task_id"])
+            except ValueError:
+                skipped += 1  # a reference this environment cannot rebuild: counted, never a crash
+                continue
+            t = Task(**{**t.__dict__, "source": "production", "split": "train"})
+            store.add_task(t)
+            out.append(t)
+        return out
+
+    failures = rebuild(store.production_failures())
+    successes = rebuild(store.production_successes())
+    if skipped and not rebuilds_tasks(env):
+        # the loop then learns from fresh tasks only
+        warnings.warn(f"environment {env.name!r} has no task_from_id: {skipped} production tasks cannot "
+                      "become training tasks (docs/environments.md)", stacklevel=2)
+    n = cfg.grpo.prompts_per_step
+    share = cfg.curriculum.production_share if production_share is None else production_share
+    n_prod = min(len(failures), round(n * share))
+    n_replay = min(len(successes), round(n * cfg.curriculum.replay_share), n - n_prod)
+    stats = {"production_failures": len(failures), "production_per_step": n_prod,
+             "replay_per_step": n_replay, "production_not_rebuildable": skipped}
+
+    def cycle(pool: list[Task], k: int, step: int) -> list[Task]:
+        start = (r * 1_000 + step) * k
+        return [pool[(start + i) % len(pool)] for i in range(k)] if k else []
+
+    def source(step: int) -> list[Task]:
+        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=(cfg.seed * 1000 + r) * 1_000_003 + step)
+        return cycle(failures, n_prod, step) + cycle(successes, n_replay, step) + fresh
+
+    return source, stats
+
+
+def lineage_start(cfg: "LoopConfig", store: Store, served: dict) -> dict:
+    """The model version round training starts from (with its optimizer state)."""
+    if cfg.lineage == "latest":
+        done = store.rounds(cfg.name)
+        if done:
+            return store.model_version(done[-1]["metrics"]["version"])
+    return served

@@ -1,0 +1,54 @@
+"""The gate: a candidate replaces the served model only if it is better on its target and
+broke nothing. Suites are the target environment, built with its options, and every other
+held-out suite; the rule itself (`gate`) is a pure function of the scores."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from ..config import _Strict
+from ..engine import Engine
+from ..envs import make_env
+from ..models.checkpoint import load_model
+from ..rollout.evaluate import evaluate
+
+if TYPE_CHECKING:
+    from .rounds import LoopConfig
+
+
+class GateConfig(_Strict):
+    """When a candidate replaces the served model."""
+
+    delta: float = Field(0.01, ge=0, description="The target suite's pass@1 must rise by at least this.")
+    epsilon: float = Field(0.02, ge=0, description="No suite's pass@1 may fall by more than this.")
+
+
+def suite_envs(cfg: "LoopConfig") -> list:
+    """The gate's suites: the target environment with its configured options (a loop on
+    `arith` with `digits: 3` is gated on 3-digit tasks), then every other suite by name."""
+    target = make_env(cfg.env.name, **cfg.env.options)
+    return [target] + [make_env(s) for s in cfg.suites if make_env(s).name != target.name]
+
+
+def suite_scores(model_dir: str, suites: list, cfg: "LoopConfig") -> dict[str, float]:
+    """Greedy held-out pass@1 of a model on each suite environment, by environment name."""
+    model, tok = load_model(model_dir)
+    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    out = {}
+    for env in suites:
+        res = evaluate(engine, tok, env, env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed),
+                       max_new_tokens=cfg.eval.max_new_tokens, max_turns=cfg.env.max_turns)
+        out[res.env] = res.pass1
+    return out
+
+
+def gate(before: dict[str, float], after: dict[str, float], target: str, g: GateConfig) -> tuple[bool, str]:
+    """(promote?, why). Pure: the scores in, the decision out."""
+    gain = after[target] - before[target]
+    if gain < g.delta:
+        return False, f"{target} changed by {gain:+.3f} < delta {g.delta}"
+    worst = min(((after[k] - before[k], k) for k in before if k in after), default=(0.0, None))
+    if worst[0] < -g.epsilon:
+        return False, f"{worst[1]} fell by {-worst[0]:.3f} > epsilon {g.epsilon}"
+    return True, f"{target} rose by {gain:+.3f}"

@@ -1,0 +1,154 @@
+"""`gymloop run`: the loop that never stops, in rounds that each survive a crash.
+
+    round r:  start from the promoted model (and its optimizer state)
+              -> GRPO for `grpo.steps` steps (curriculum position = r: seeds derive from it)
+              -> evaluate the candidate on the target environment and every suite
+              -> gate: promote only if the target improves by >= delta and no suite drops by > epsilon
+              -> commit the candidate and the round to the store in one transaction
+
+Servers following the same store (`gymloop serve`) switch to a promoted version between
+batches. A `kill -9` at any moment and a restart redo the round that was not committed,
+from the same model, optimizer state and seeds; a committed round is never repeated.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import Field, field_validator
+
+from ..accounting.ledger import load_profiles
+from ..config import EvalConfig, GRPOConfig, RunBlocks, TrainConfig
+from ..bases.registry import resolve_model
+from .curriculum import CurriculumConfig, curriculum, lineage_start
+from .drift import DriftConfig, detect_drift
+from .gate import GateConfig, gate, suite_envs, suite_scores
+from .summary import loop_summary
+from ..tracking.report import write_loop_report
+from ..tracking.run_dir import Phases, read_metrics, write_json
+from ..tracking.progress import progress as progress_bar
+from ..store import Store
+from ..orchestrator.train import train
+
+
+class LoopConfig(RunBlocks):
+    """`gymloop run CONFIG.yaml`: the blocks of a training run (each round is one, on the
+    promoted model) and what only a loop has: its store, gate, curriculum and drift detection."""
+
+    name: str = Field("loop", pattern=r"^[A-Za-z0-9_.-]+$", description="Loop id; a restart with the same name resumes.")
+    grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(steps=50), description="GRPO per round (steps = per round).")
+    eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=200, every=0),
+                             description="Held-out evaluation of each round and tasks per suite at the gate.")
+    store: str = Field("gymloop.db", description="The SQLite store shared with `gymloop serve`.")
+    rounds: int | None = Field(None, ge=1, description="Stop after this many committed rounds (None: never).")
+    suites: list[str] = Field(default_factory=list, description="Other held-out suites guarded against regression.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Curriculum.")
+    drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
+    lineage: Literal["promoted", "latest"] = Field(
+        "promoted", description="What a round trains from: the served (promoted) model, or the latest "
+        "candidate, promoted or not, so no round's training is thrown away. The gate always compares "
+        "with the served model.")
+
+    @field_validator("grpo")
+    @classmethod
+    def _no_decay(cls, g: GRPOConfig) -> GRPOConfig:
+        # Rounds continue one optimizer and schedule: a decay would end in round 1 and leave
+        # every later round, the drift's recovery included, at the floor.
+        if g.lr_schedule != "constant":
+            raise ValueError("grpo.lr_schedule must be 'constant' in a loop (it never ends; a decay would "
+                             "leave every round after the first at the floor)")
+        return g
+
+
+def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
+    store = Store(cfg.store)
+    store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
+    profiles = load_profiles(cfg.cost.profiles_file)
+    profile = profiles[cfg.cost.profile]
+    suites = suite_envs(cfg)
+    target = suites[0].name
+    loop_dir = Path(cfg.run_dir) / cfg.name
+    bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
+                       initial=store.last_round(cfg.name))
+    while cfg.rounds is None or store.last_round(cfg.name) < cfg.rounds:
+        r = store.last_round(cfg.name) + 1
+        started = time.time()
+        phases = Phases()     # the loop's own work; train() accounts for its phases
+        current = store.promoted()
+        if current is None:   # the first round starts from the base model, recorded as version 1
+            with phases.time("gate_evaluation"):
+                base = str(resolve_model(cfg.model, progress=progress))
+                scores = suite_scores(base, suites, cfg)
+            vid = store.add_model_version(base, parent=None, status="promoted", scores=scores)
+            current = store.model_version(vid)
+        # Re-measured every round: an environment that changed shows up as a drop here.
+        with phases.time("gate_evaluation"):
+            before = suite_scores(current["path"], suites, cfg)
+        start = lineage_start(cfg, store, current)
+        start_dir = start["path"]
+        drift = detect_drift(cfg, store, r, current["scores"], before)
+        if drift:
+            echo(f"round {r}: drift " + ", ".join(
+                f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
+                f"{e['before']:.0%} -> {e['after']:.0%})" for e in drift))
+        has_state = (Path(start_dir) / "trainer_state.pt").exists()
+        tcfg = TrainConfig(**{**cfg.blocks(), "model": start_dir, "seed": cfg.seed * 1000 + r,
+                              "run_dir": str(loop_dir), "name": f"round-{r:04d}"},
+                           init_trainer_state=start_dir if has_state else None)
+        with phases.time("curriculum"):
+            source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
+        summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
+        candidate = str(Path(summary["run_dir"]) / "checkpoint")
+        with phases.time("gate_evaluation"):
+            after = suite_scores(candidate, suites, cfg)
+        promote, why = gate(before, after, target, cfg.gate)
+        status = "promoted" if promote else "rejected"
+        ledger = [{"phase": k, **{f: v[f] for f in ("seconds", "dollars", "flops", "prompt_tokens",
+                                                    "generated_tokens", "trained_tokens")}}
+                  for k, v in summary["economics"]["phases"].items()]
+        ledger += [{"phase": k, "seconds": sec, "dollars": profile.dollars(sec)} for k, sec in phases.seconds.items()]
+        # every second of the round is on the ledger: what no phase timed (store reads, summaries) too
+        finished = time.time()
+        other = max(0.0, finished - started - sum(row["seconds"] for row in ledger))
+        ledger.append({"phase": "other", "seconds": other, "dollars": profile.dollars(other)})
+        version = store.commit_round(
+            cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
+            started=started, finished=finished, ledger=ledger,
+            metrics={"target": target, "served_version": current["version"], "trained_from": start["version"],
+                     "before": before, "after": after, "why": why, "curriculum": cur_stats,
+                     "drift": drift,
+                     "training": training_stats(summary),
+                     "economics": {k: summary["economics"].get(k) for k in
+                                   ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
+        echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {v:.3f}" for k, v in after.items()))
+        write_loop_files(store, cfg, target, loop_dir, profiles)
+        bar.update(1)
+        bar.set_postfix({"served": f"v{version if promote else current['version']}", target: f"{(after if promote else before)[target]:.2f}"})
+    bar.close()
+    return store.rounds(cfg.name)
+
+
+def training_stats(summary: dict) -> dict:
+    """A round's GRPO in a few numbers: mean reward of its first and last tenth of steps, mean
+    loss, and generation throughput."""
+    train = read_metrics(summary["run_dir"], "train")
+    tenth = max(1, len(train) // 10)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    gen_s = sum(r.get("gen_seconds", 0.0) for r in train)
+    gen_tokens = sum(r.get("generated_tokens", 0) for r in train)
+    return {"steps": len(train), "reward_first": mean([r["reward"] for r in train[:tenth]]),
+            "reward_last": mean([r["reward"] for r in train[-tenth:]]),
+            "reward_mean": mean([r["reward"] for r in train]),
+            "loss_mean": mean([r["loss"] for r in train if "loss" in r]),
+            "generated_tokens": gen_tokens, "tokens_per_s": gen_tokens / gen_s if gen_s > 0 else None}
+
+
+def write_loop_files(store: Store, cfg: LoopConfig, target: str, loop_dir: Path, profiles: dict) -> Path:
+    """summary.json and report.html of the loop so far (rewritten whole after every round)."""
+    loop_dir.mkdir(parents=True, exist_ok=True)
+    others = {k: v for k, v in profiles.items() if k != cfg.cost.profile}
+    write_json(loop_dir / "summary.json", loop_summary(store, cfg.name, target, cfg.gate.epsilon,
+                                                       others, cfg.cost.utilisation))
+    return write_loop_report(loop_dir)
