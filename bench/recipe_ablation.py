@@ -76,9 +76,9 @@ def heldout(path: str) -> float:
 
 def line_search(path: str, steps: list[float]) -> list[float]:
     """Sampled reward after a step of each normalised length along the GRPO loss's descent direction."""
-    from gymloop.algorithms.grpo import grpo_loss
+    from gymloop.algorithms import PolicyLoss, advantages_for
     from gymloop.trainer.logprobs import token_logprobs
-    from gymloop.trainer.trainer import advantages_for, rollouts_to_batch
+    from gymloop.trainer.trainer import rollouts_to_batch
 
     model, tok = load_model(path)
     env = make_env("arith")
@@ -87,9 +87,10 @@ def line_search(path: str, steps: list[float]) -> list[float]:
     for seed in range(100, 108):
         rolls, _ = collect(engine, tok, env, env.sample_tasks(32, "train", seed=seed), 8,
                            SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed))
-        adv = advantages_for(rolls, 8, True, True)
+        adv = advantages_for(rolls, 8, "grpo", True)
         batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
-        loss, _ = grpo_loss(token_logprobs(model, batch), batch.old_logp, adv.advantages, batch.loss_mask)
+        loss, _ = PolicyLoss(clip_high=0.2)(token_logprobs(model, batch), batch.old_logp, adv.advantages,
+                                            batch.loss_mask)
         (loss / 8).backward()
     grad = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     norm = torch.sqrt(sum((g ** 2).sum() for g in grad.values()))

@@ -8,7 +8,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SCRIPTS = ["engine_bench.py", "train_bench.py", "sandbox_bench.py", "gym_bench.py", "serve_bench.py",
            "cli_api_bench.py", "weight_sync_bench.py", "sharding_bench.py", "async_bench.py", "episodes_bench.py",
-           "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "smollm2_grpo.py"]
+           "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "algorithms_bench.py", "smollm2_grpo.py"]
 
 if __name__ == "__main__":
     failed = []

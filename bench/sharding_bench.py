@@ -36,6 +36,7 @@ def _bytes(tensors) -> int:
 
 
 def _rank(rank: int, port: int, fsdp: bool, args, out) -> None:
+    from gymloop.algorithms import PolicyLoss
     from gymloop.trainer import sharding
     from gymloop.trainer.logprobs import make_batch
     from gymloop.trainer.trainer import Trainer
@@ -56,7 +57,7 @@ def _rank(rank: int, port: int, fsdp: bool, args, out) -> None:
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        trainer.grpo_step(batch, adv, temperature=1.0, clip_low=0.2, clip_high=0.2, beta=0.0, loss_agg="token-mean")
+        trainer.step(batch, adv, PolicyLoss(clip_high=0.2), temperature=1.0)
         times.append(time.perf_counter() - t0)
     params = list(model.parameters())
     state = {

@@ -18,7 +18,8 @@ from gymloop.bases.registry import resolve_model
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import ArithEnv
 from gymloop.rollout.episodes import collect
-from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
+from gymloop.algorithms import PolicyLoss, advantages_for
+from gymloop.trainer.trainer import Trainer, rollouts_to_batch
 
 
 def main() -> None:
@@ -36,14 +37,13 @@ def main() -> None:
     for prompts in (16, 32, 64):
         rolls, _ = collect(Engine(model, tok.pad_token_id), tok, env, env.sample_tasks(prompts, "train", 0), 8,
                            SamplingParams(max_new_tokens=6, seed=0))
-        adv = advantages_for(rolls, 8, True, drop_zero_signal=False)
+        adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=False)
         batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
         tokens = int(batch.attention_mask.sum())
         trainer = Trainer(model, lr=1e-9)  # tiny lr: measure speed without drifting far
 
         def step():
-            trainer.grpo_step(batch, adv.advantages, temperature=1.0, clip_low=0.2, clip_high=0.28,
-                              beta=0.0, loss_agg="token-mean")
+            trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0)
 
         sec = common.median_time(step, args.repeats)
         gflops = 6 * n_params * tokens / sec / 1e9

@@ -95,7 +95,7 @@ def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
 def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
     from openai import OpenAI
 
-    from gymloop.serve import ServeConfig, build
+    from gymloop.serve import ServeConfig, build, shutdown
 
     from conftest import running_server
     from test_serve import KEY
@@ -123,4 +123,4 @@ def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
         assert charts.marks.get("requests by status", 0) >= 2           # a bar for 200 and for 401
     finally:
         ctx.__exit__(None, None, None)
-        batcher.close()
+        shutdown(app)

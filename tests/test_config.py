@@ -23,7 +23,9 @@ def test_example_config_validates(path):
         cfg = LoopConfig.model_validate(yaml.safe_load(path.read_text()))
     else:
         cfg = load_config(path)
-    assert cfg.model == "nano"
+    from gymloop.bases.registry import MODELS
+
+    assert cfg.model.partition(":")[0] in MODELS      # a base every machine can build
 
 
 def test_trainer_actors_need_the_ray_backend_and_fsdp_needs_two():

@@ -1,6 +1,6 @@
 """Data-parallel training: 2 processes (gloo) follow the same loss curve as 1 process on the
 same global batch, because each rank divides by the global token count and gradients are summed;
-with whole replicas (DDP) and with sharded ones (FSDP)."""
+with whole replicas (DDP) and with sharded ones (FSDP), for every policy loss and correction."""
 from __future__ import annotations
 
 import copy
@@ -10,6 +10,7 @@ import socket
 import pytest
 import torch
 
+from gymloop.algorithms import LOSSES, PolicyLoss
 from gymloop.trainer.logprobs import make_batch, token_logprobs
 from gymloop.trainer.trainer import Trainer
 
@@ -29,24 +30,38 @@ def global_batch(vocab: int):
     return seqs, masks, adv
 
 
-def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1) -> list[float]:
+# every loss with its usual aggregation and clip ranges; a correction on the default loss
+LOSS_CASES = {
+    "grpo": PolicyLoss(),
+    "gspo": PolicyLoss(name="gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean"),
+    "cispo": PolicyLoss(name="cispo", clip_low=1.0, clip_high=0.28),
+    "grpo-seq-mean": PolicyLoss(agg="seq-mean"),
+    "grpo-tis": PolicyLoss(correction="tis", correction_high=1.2),
+    "grpo-icepop": PolicyLoss(correction="icepop", correction_low=0.8, correction_high=1.25),
+}
+
+
+def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1, loss: PolicyLoss = LOSS_CASES["grpo"]):
     rows = list(range(rank, len(seqs), world))
     batch = make_batch([seqs[i] for i in rows], [masks[i] for i in rows], None, 0)
     with torch.no_grad():
-        batch.old_logp = token_logprobs(model, batch) * batch.loss_mask
+        # behaviour log-probs a little off the trainer's (another engine's kernels), by row, so
+        # that the corrections weigh and mask some tokens
+        pos = torch.arange(batch.loss_mask.shape[1], dtype=torch.float)
+        off = torch.stack([0.3 * torch.sin(pos * 1.7 + 3.1 * i) for i in rows])
+        batch.old_logp = (token_logprobs(model, batch) + off) * batch.loss_mask
     trainer = Trainer(model, lr=5e-3, max_grad_norm=0.5)
     losses = []
     for _ in range(STEPS):
-        m = trainer.grpo_step(batch, adv[rows], temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0,
-                              loss_agg="token-mean")
-        loss = torch.tensor(m["loss"])
+        m = trainer.step(batch, adv[rows], loss, temperature=1.0)
+        value = torch.tensor(m["loss"])
         if world > 1:
-            torch.distributed.all_reduce(loss)   # each rank's loss is its share of the global mean
-        losses.append(float(loss))
+            torch.distributed.all_reduce(value)  # each rank's loss is its share of the global mean
+        losses.append(float(value))
     return losses, trainer
 
 
-def _worker(rank, port, state, vocab, out, fsdp=False):
+def _worker(rank, port, state, vocab, out, fsdp=False, case="grpo"):
     from gymloop.trainer import sharding
 
     torch.set_num_threads(1)
@@ -57,7 +72,7 @@ def _worker(rank, port, state, vocab, out, fsdp=False):
         if fsdp:
             sharding.shard(model, 2)
         seqs, masks, adv = global_batch(vocab)
-        losses, trainer = run_steps(model, seqs, masks, adv, rank, 2)
+        losses, trainer = run_steps(model, seqs, masks, adv, rank, 2, LOSS_CASES[case])
         weights = sharding.full_weights(model)           # a collective under FSDP: both ranks
         opt = trainer.state()["opt"]
         if rank == 0:   # plain lists: a tensor sent through a queue needs its sender alive
@@ -84,14 +99,19 @@ def _result(out, procs, timeout_s: float = 120.0):
     raise AssertionError("no result within the timeout")
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_two_processes_match_one_process(tok, fsdp):
+def test_every_loss_is_a_case():
+    assert set(LOSSES) <= {c.name for c in LOSS_CASES.values()}
+
+
+@pytest.mark.parametrize("fsdp,case", [(False, c) for c in LOSS_CASES] + [(True, "grpo")],
+                         ids=[f"ddp-{c}" for c in LOSS_CASES] + ["fsdp-grpo"])
+def test_two_processes_match_one_process(tok, fsdp, case):
     """DDP (whole model per rank, one all-reduce) and FSDP (1/2 of parameters, gradients and
     optimizer state per rank): the loss curve, the weights and Adam's moments of one process."""
     model = tiny_llama(tok.vocab_size, seed=4)
     state = copy.deepcopy(model.state_dict())
     seqs, masks, adv = global_batch(tok.vocab_size)
-    single, trainer = run_steps(model, seqs, masks, adv)
+    single, trainer = run_steps(model, seqs, masks, adv, loss=LOSS_CASES[case])
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -99,7 +119,7 @@ def test_two_processes_match_one_process(tok, fsdp):
     s.close()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, state, tok.vocab_size, out, fsdp)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, state, tok.vocab_size, out, fsdp, case)) for r in range(2)]
     for p in procs:
         p.start()
     losses, weights, moments, sharded = _result(out, procs)

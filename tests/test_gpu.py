@@ -51,9 +51,10 @@ def test_a_trainer_step_on_gpu_is_the_cpu_step(tok):
     with torch.no_grad():
         batch.old_logp = token_logprobs(cpu, batch) * batch.loss_mask
     adv = torch.tensor([1.0, -0.5, -0.5])
-    kw = dict(temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0, loss_agg="token-mean")
-    a = Trainer(cpu, lr=1e-3).grpo_step(batch, adv, **kw)
-    b = Trainer(gpu, lr=1e-3).grpo_step(batch, adv, **kw)       # the batch arrives on the CPU
+    from gymloop.algorithms import PolicyLoss
+
+    a = Trainer(cpu, lr=1e-3).step(batch, adv, PolicyLoss(), temperature=1.0)
+    b = Trainer(gpu, lr=1e-3).step(batch, adv, PolicyLoss(), temperature=1.0)       # the batch arrives on the CPU
     assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
     worst = max((x - y.cpu()).abs().max().item() for x, y in zip(cpu.state_dict().values(), gpu.state_dict().values()))
     assert worst <= 1e-5, worst

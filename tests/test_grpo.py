@@ -6,7 +6,11 @@ import math
 import pytest
 import torch
 
-from gymloop.algorithms import group_advantages, grpo_loss, sft_loss
+from gymloop.algorithms import PolicyLoss, group_advantages, sft_loss
+
+
+def grpo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, ref_logp=None, beta=0.0, agg="token-mean"):
+    return PolicyLoss(clip_low=clip_low, clip_high=clip_high, beta=beta, agg=agg)(logp, old, adv, mask, ref_logp=ref_logp)
 
 
 def test_group_advantages_by_hand():
@@ -15,7 +19,7 @@ def test_group_advantages_by_hand():
     # group 1: mean 0.5, population std 0.5 -> +-1; group 2: all equal -> exactly 0
     assert torch.allclose(adv, torch.tensor([1.0, -1, -1, 1, 0, 0, 0, 0]), atol=1e-5)
     assert zero.tolist() == [False, True]
-    adv, _ = group_advantages(r, 4, scale_std=False)  # Dr. GRPO: no std scaling
+    adv, _ = group_advantages(r, 4, "dr_grpo")  # Dr. GRPO: no std scaling
     assert torch.allclose(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
     adv, _ = group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3)
     mean, std = 1 / 3, math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
@@ -88,3 +92,27 @@ def test_sft_loss_by_hand():
     loss, m = sft_loss(logp, mask)
     assert loss.item() == pytest.approx(-(math.log(0.25) + math.log(0.9)) / 2, abs=1e-6)
     assert m["tokens"] == 2
+
+
+def test_dpo_loss_by_hand():
+    from gymloop.algorithms.dpo import DPOLoss, sequence_logps
+
+    lp = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    assert sequence_logps(lp, mask).tolist() == [-3.0, -0.5]
+    assert sequence_logps(lp, mask, length_normalize=True).tolist() == [-1.5, -0.5]
+    c, r = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-2.5, -1.5])
+    loss, m = DPOLoss(beta=0.5)(c, r, rc, rr)
+    # margins: 0.5 * ((0.5) - (-0.5)) = 0.5 and 0.5 * ((0) - (0.5)) = -0.25
+    expect = (-math.log(1 / (1 + math.exp(-0.5))) - math.log(1 / (1 + math.exp(0.25)))) / 2
+    assert loss.item() == pytest.approx(expect, abs=1e-6) and m["reward_accuracy"] == 0.5
+    free, _ = DPOLoss(beta=0.5, reference_free=True)(c, r, None, None)
+    # margins 0.5 * (2) = 1 and 0.5 * (-1) = -0.5
+    assert free.item() == pytest.approx((math.log1p(math.exp(-1)) + math.log1p(math.exp(0.5))) / 2, abs=1e-6)
+    rpo, _ = DPOLoss(beta=0.5, sft_weight=2.0)(c, r, rc, rr, nll_chosen=torch.tensor([1.0, 0.5]))
+    assert rpo.item() == pytest.approx(expect + 2.0 * 0.75, abs=1e-6)
+    with pytest.raises(ValueError, match="reference"):
+        DPOLoss()(c, r, None, None)
+    with pytest.raises(ValueError, match="beta"):
+        DPOLoss(beta=0)

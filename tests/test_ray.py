@@ -16,6 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="pip install 'gymloop[ray]' (make test installs it)")
 
+from gymloop.algorithms import PolicyLoss  # noqa: E402
 from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
 from gymloop.envs import Score  # noqa: E402
 from gymloop.tracking.run_dir import read_metrics  # noqa: E402
@@ -229,8 +230,7 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
         seqs = [[5, 6, 7, 8], [5, 6, 9], [7, 7, 7, 7, 7]]                      # 3 rows, 2 ranks, 3 minibatches
         batch = make_batch(seqs, [[0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]], None, tok.pad_token_id)
         adv = torch.tensor([1.0, -1.0, 0.5])
-        m = group.grpo_step(batch, adv, temperature=1.0, clip_low=0.2, clip_high=0.2, beta=0.1,
-                            loss_agg="token-mean", minibatches=3)
+        m = group.step(batch, adv, PolicyLoss(clip_high=0.2, beta=0.1), temperature=1.0, minibatches=3)
         assert group.step_count == 3 and m["grad_norm"] > 0 and m["kl_ref"] > 0
         group.save_state(tmp_path / "ckpt")
     finally:
@@ -262,8 +262,7 @@ def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_
         batch = make_batch([[5, 6, 7], [5, 6, 9]], [[0, 1, 1], [0, 1, 1]], None, tok.pad_token_id)
         t0 = time.monotonic()
         with pytest.raises(ClusterError, match="trainer actor"):
-            group.grpo_step(batch, torch.tensor([1.0, -1.0]), temperature=1.0, clip_low=0.2, clip_high=0.2,
-                            beta=0.0, loss_agg="token-mean")
+            group.step(batch, torch.tensor([1.0, -1.0]), PolicyLoss(), temperature=1.0)
         assert time.monotonic() - t0 < 30
     finally:
         group.close()

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from gymloop.serve import ServeConfig, build
+from gymloop.serve import ServeConfig, build, shutdown
 
 from conftest import free_port, running_server
 
@@ -23,7 +23,7 @@ def server(tmp_path_factory, tiny_model_dir):
     app, batcher, store = build(cfg)
     with running_server(app) as base:
         yield {"base": base, "store": store, "batcher": batcher, "cfg": cfg}
-    batcher.close()
+    shutdown(app)
 
 
 @pytest.fixture()
@@ -293,7 +293,7 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         assert "never promoted" in capsys.readouterr().err
     finally:
         ctx.__exit__(None, None, None)
-        batcher.close()
+        shutdown(app)
 
 
 def test_serving_is_costed_in_the_ledger(server, client):

@@ -36,7 +36,8 @@ def test_grpo_step_end_to_end_on_cpu(smol):
     from gymloop.engine import Engine, SamplingParams
     from gymloop.envs import make_env
     from gymloop.rollout.episodes import collect
-    from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
+    from gymloop.algorithms import PolicyLoss, advantages_for
+    from gymloop.trainer.trainer import Trainer, rollouts_to_batch
 
     model, tok = smol
     env = make_env("arith")
@@ -44,11 +45,10 @@ def test_grpo_step_end_to_end_on_cpu(smol):
     rolls, stats = collect(engine, tok, env, env.sample_tasks(2, "train", 0), 4,
                            SamplingParams(max_new_tokens=8, seed=0))
     assert stats.generated_tokens > 0 and all(r.ok for r in rolls)
-    adv = advantages_for(rolls, 4, scale_std=True, drop_zero_signal=False)
+    adv = advantages_for(rolls, 4, "grpo", drop_zero_signal=False)
     before = model.lm_head.weight.detach().clone()
-    m = Trainer(model, lr=1e-5).grpo_step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages,
-                                          temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0,
-                                          loss_agg="token-mean")
+    m = Trainer(model, lr=1e-5).step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages,
+                                     PolicyLoss(), temperature=1.0)
     assert torch.isfinite(torch.tensor(m["loss"])) and m["ratio_max"] < 1.01
     if adv.advantages.abs().sum() > 0:
         assert not torch.equal(before, model.lm_head.weight)

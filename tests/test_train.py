@@ -13,7 +13,8 @@ from gymloop.config import ConfigError, TrainConfig, load_config
 from gymloop.engine import Engine, SamplingParams
 from gymloop.envs import REGISTRY, Score, Task  # noqa: F401
 from gymloop.rollout.episodes import collect
-from gymloop.trainer.trainer import Trainer, advantages_for, rollouts_to_batch
+from gymloop.algorithms import PolicyLoss, advantages_for
+from gymloop.trainer.trainer import Trainer, rollouts_to_batch
 
 from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
@@ -29,10 +30,10 @@ def test_short_rl_run_learns_easy_task(tok):
         tasks = env.sample_tasks(8, "train", step)
         rolls, _ = collect(engine, tok, env, tasks, 8, SamplingParams(max_new_tokens=1, seed=step))
         rewards.append(sum(r.reward for r in rolls) / len(rolls))
-        adv = advantages_for(rolls, 8, scale_std=True, drop_zero_signal=True)
+        adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=True)
         if adv.rollouts:
-            trainer.grpo_step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages,
-                              temperature=1.0, clip_low=0.2, clip_high=0.28, beta=0.0, loss_agg="token-mean")
+            trainer.step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages, PolicyLoss(),
+                         temperature=1.0)
         engine.load_weights(model.state_dict(), version=step + 1)
         if sum(rewards[-3:]) / 3 >= 0.9:
             break
@@ -52,7 +53,7 @@ def test_infrastructure_errors_are_excluded_not_zero(tok, model):
                            SamplingParams(max_new_tokens=1, seed=0))
     assert stats.errors == 4
     assert all(not r.ok and "sandbox crashed" in r.score.error for r in rolls[:4])
-    adv = advantages_for(rolls, 4, True, drop_zero_signal=False)
+    adv = advantages_for(rolls, 4, "grpo", drop_zero_signal=False)
     assert all(r.ok for r in adv.rollouts) and len(adv.rollouts) == 4
 
 

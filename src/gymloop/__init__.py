@@ -1,6 +1,6 @@
 """gymloop: continuous post-training of agents.
 
-The public API (frozen early; see STYLE.md): the engine, the environments, the GRPO loss,
+The public API (frozen early; see STYLE.md): the engine, the environments, the policy losses,
 the trainer, evaluation and the `train` job. Names are imported on first use (PEP 562), so
 `import gymloop` and the `gymloop` CLI start without importing torch.
 """
@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "grpo_loss": ".algorithms", "group_advantages": ".algorithms", "sft_loss": ".algorithms",
+    "PolicyLoss": ".algorithms", "group_advantages": ".algorithms", "sft_loss": ".algorithms",
     "ChatTokenizer": ".models.chat",
     "load_model": ".models.checkpoint", "save_model": ".models.checkpoint", "resolve_model": ".bases.registry",
     "TrainConfig": ".config", "load_config": ".config",

@@ -180,7 +180,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, run
 
     cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], require_auth=not args.no_auth,
-                      **({"model_name": args.model_name} if args.model_name else {}))
+                      fine_tuning=not args.no_fine_tuning, checkpoint_every=args.checkpoint_every,
+                      **({"model_name": args.model_name} if args.model_name else {}),
+                      **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
     if cfg.require_auth and not cfg.api_keys and not os.environ.get("GYMLOOP_API_KEYS"):
         raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
                          "or --no-auth to serve without keys")
@@ -246,6 +248,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    from .algorithms import table
+
+    print("grpo config field   name          what it is")
+    field = {"advantage": "grpo.advantage", "loss": "grpo.loss", "correction": "grpo.correction",
+             "aggregation": "grpo.loss_agg"}
+    for kind, name, line in table():
+        print(f"{field[kind]:<19} {name:<13} {line}")
+    print("also: grpo.dynamic_sampling (DAPO refills), grpo.overlong_cache (DAPO overlong penalty); "
+          "examples: configs/arith-<variant>.yaml")
+    return 0
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from .envs import REGISTRY, make_env
 
@@ -295,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     pt = sub.add_parser("pretrain", help="pre-train and cache a nano base; prints JSON naming its \"path\"")
-    pt.add_argument("--preset", default="nano", help="nano or nano-tools")
+    pt.add_argument("--preset", default="nano", help="nano, nano-tools or nano-moe")
     pt.add_argument("--seed", type=int, default=0, help="seed of initialisation and corpus (part of the cache key)")
     pt.add_argument("--steps", type=int, default=None,
                     help="train exactly this many steps instead of stopping at the probe target")
@@ -333,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
     sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
+    sv.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
+    sv.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
+                    "beside the store)")
+    sv.add_argument("--checkpoint-every", type=int, default=0, help="fine-tuning checkpoint interval in steps "
+                    "(0: every epoch)")
     sv.set_defaults(fn=cmd_serve)
 
     rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
@@ -355,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("version", type=int)
     rb.add_argument("--db", default="gymloop.db")
     rb.set_defaults(fn=cmd_rollback)
+
+    sub.add_parser("algorithms", help="list the advantage estimators, losses, corrections and "
+                   "aggregations a config can name").set_defaults(fn=cmd_algorithms)
 
     rp = sub.add_parser("report", help="write report.html for a run directory")
     rp.add_argument("run_dir")

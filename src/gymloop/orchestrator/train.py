@@ -1,4 +1,4 @@
-"""`gymloop train`: the GRPO job, one round of stages per step.
+"""One training run (GRPO and its variants, `gymloop train`, and every loop round), one round of stages per step.
 
     sample tasks -> rollouts (engine) -> verify (environment) -> advantages -> loss and
     optimizer step (trainer) -> weight sync (engine version) -> evaluate (every N steps)
@@ -11,10 +11,13 @@ import functools
 import time
 from typing import Callable
 
+import torch
+
 from ..models.checkpoint import load_model, save_model
+from ..models.parameters import count_parameters
 from ..bases.registry import resolve_model
 from ..engine.device import to_gpu
-from ..config import TrainConfig
+from ..config import GRPOConfig, TrainConfig
 from ..engine import Engine, SamplingParams
 from ..envs import make_env
 from ..rollout.evaluate import EvalResult, evaluate
@@ -23,7 +26,8 @@ from ..rollout.sources import AsyncSource, ProcessSource, SyncSource
 from ..sync.publish import weight_sync
 from ..tracking.progress import progress as progress_bar
 from ..tracking.run_dir import Phases, RunDir
-from ..trainer.trainer import Trainer, advantages_for, rollouts_to_batch
+from ..algorithms import Advantages, PolicyLoss, advantages_for, overlong_penalty
+from ..trainer.trainer import Trainer, rollouts_to_batch
 
 
 def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = False, collector=None) -> EvalResult:
@@ -46,7 +50,43 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
         return SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     kind = ProcessSource if g.collector == "process" else AsyncSource
     return kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                g.max_staleness, backend=cfg.engine_backend)
+                g.max_staleness, backend=cfg.engine_backend, record_routing=g.router_replay)
+
+
+def policy_loss(g: GRPOConfig) -> PolicyLoss:
+    """The configured loss, correction and aggregation as the trainer calls them."""
+    return PolicyLoss(name=g.loss, clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta, agg=g.loss_agg,
+                      correction=g.correction, correction_low=g.correction_low, correction_high=g.correction_high)
+
+
+def score(rollouts: list, g: GRPOConfig, budget: int) -> Advantages:
+    """Advantages of a step's rollouts: rewards (shaped by the overlong penalty when on) ->
+    the configured estimator; groups without signal dropped when configured or dynamic sampling."""
+    rewards = None
+    if g.overlong_cache:
+        lengths = torch.tensor([sum(r.mask) for r in rollouts])
+        rewards = (torch.tensor([float(r.reward) for r in rollouts])
+                   + overlong_penalty(lengths, budget, g.overlong_cache)).tolist()
+    return advantages_for(rollouts, g.group_size, g.advantage, g.drop_zero_signal or g.dynamic_sampling, rewards)
+
+
+def draw_rollouts(source, step: int, g: GRPOConfig, budget: int):
+    """A step's rollouts and their advantages. With dynamic sampling (DAPO), more draws while
+    fewer than prompts_per_step groups carry a signal (at most max_refills), then the first
+    prompts_per_step of those are kept. Returns (batch, rollouts, stats, advantages, draws)."""
+    got = source.next(step)
+    rollouts, stats = list(got.rollouts), got.stats
+    adv = score(rollouts, g, budget)
+    draws = 0
+    while g.dynamic_sampling and adv.signal_groups < g.prompts_per_step and draws < g.max_refills:
+        draws += 1
+        extra = source.more(step, draws)
+        rollouts += extra.rollouts
+        stats.add(extra.stats)
+        adv = score(rollouts, g, budget)
+    if g.dynamic_sampling:
+        adv = adv.first(g.prompts_per_step)
+    return got, rollouts, stats, adv, draws
 
 
 def _trainer(cfg: TrainConfig, model):
@@ -86,11 +126,18 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     model, tok = load_model(model_path)
     if cfg.device == "cuda":
         to_gpu(model, "device: cuda")
-    ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], sum(p.numel() for p in model.parameters()))
-    engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode)
+    parameters, active_parameters = count_parameters(model)
+    # FLOPs, hence projected costs, count the parameters a token passes through (MoE: top-k experts)
+    ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], active_parameters)
+    engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode,
+                    record_routing=cfg.grpo.router_replay)
+    echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
+                                                     if engine.native_unsupported else ""))
     env = make_env(cfg.env.name, **cfg.env.options)
     heldout = env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed)
     g = cfg.grpo
+    loss = policy_loss(g)
+    budget = cfg.sampling.max_new_tokens * cfg.env.max_turns    # the overlong penalty's length budget
     params = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens,
                             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
 
@@ -127,8 +174,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
         bar = progress_bar(range(1, g.steps + 1), "grpo", progress)
         for step in bar:
             t_wait = time.perf_counter()
-            got = source.next(step)
-            rollouts, st = got.rollouts, got.stats
+            got, rollouts, st, adv, refills = draw_rollouts(source, step, g, budget)
             dropped_stale += got.dropped_stale
             if g.max_staleness == 0:
                 # task sampling and prompt rendering count as generation
@@ -143,15 +189,12 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
             tokens_generated += st.generated_tokens
             metrics = {}
             with phases.time("training"):
-                adv = advantages_for(rollouts, g.group_size, g.scale_std, g.drop_zero_signal)
                 zero_groups += adv.zero_signal_groups
                 total_groups += adv.groups
                 if adv.rollouts:
-                    batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
-                    metrics = trainer.grpo_step(
-                        batch, adv.advantages, temperature=cfg.sampling.temperature,
-                        clip_low=g.clip_low, clip_high=g.clip_high, beta=g.beta,
-                        loss_agg=g.loss_agg, epochs=g.epochs, minibatches=g.minibatches)
+                    batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id, replay=g.router_replay)
+                    metrics = trainer.step(batch, adv.advantages, loss, temperature=cfg.sampling.temperature,
+                                           epochs=g.epochs, minibatches=g.minibatches)
                     ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
             with phases.time("weight_sync"):
                 sync.publish(step)
@@ -163,7 +206,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                         zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
                         trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
                         gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
-                        dropped_stale=got.dropped_stale, **metrics)
+                        dropped_stale=got.dropped_stale, refills=refills, **metrics)
                 bar.set_postfix(reward=f"{reward:.2f}", held=f"{last.pass1:.2f}", refresh=False)
             if (g.steps and step == g.steps) or (cfg.eval.every and step % cfg.eval.every == 0):
                 with phases.time("evaluation"):
@@ -205,6 +248,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
         "run_dir": str(run.path),
         "model": cfg.model, "model_path": str(model_path), "env": env.name,
         "heldout_tasks": len(heldout),
+        "parameters": parameters, "active_parameters": active_parameters,
         "base": base.as_dict(), "final": last.as_dict(),
         "gain_pass1_points": 100 * (last.pass1 - base.pass1),
         "steps": engine.version, "optimizer_steps": trainer.step_count,

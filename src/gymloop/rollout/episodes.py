@@ -10,9 +10,12 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+import numpy as np
+
 from ..models.chat import ChatTokenizer
 from ..engine import Engine, SamplingParams
 from ..envs.base import Environment, Message, Score, Task
+
 
 
 @dataclass
@@ -34,6 +37,9 @@ class Rollout:
     version: int = 0
     turns: int = 0
     truncated: bool = False
+    # MoE router replay: the experts of prompt_ids + token_ids[:-1], [layers, L - 1, k], as a numpy
+    # array: rollouts cross process boundaries (the collector process) by value, not shared memory
+    routing: "np.ndarray | None" = None
 
     @property
     def reward(self) -> float:
@@ -98,6 +104,8 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
             r.mask += [1] * len(g.token_ids)
             r.logprobs += g.logprobs
             r.turns += 1
+            # this turn's prompt was the whole episode so far: its routing covers every position
+            r.routing = None if g.routing is None else g.routing.numpy().astype(np.int16)
             text = tok.decode(g.token_ids)
             r.messages.append({"role": "assistant", "content": text})
             if g.finish_reason == "length":

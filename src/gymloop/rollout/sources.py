@@ -42,6 +42,15 @@ class RolloutBatch:
 TaskSampler = Callable[[int], list[Task]]
 
 
+def refill_key(step: int, draw: int) -> int:
+    """The key a source passes to its task sampler and sampling params for extra draw `draw`
+    (>= 1) of step `step` (dynamic sampling): negative, so it never equals a step (>= 1) or
+    the evaluation's -1, and distinct per (step, draw < 1000)."""
+    if draw < 1 or draw >= 1000:
+        raise ValueError(f"refill draw {draw} must be in 1..999")
+    return -(step * 1000 + draw)
+
+
 def _put(out, item, stop) -> None:
     """Queue `item`, waiting while the queue is full, unless told to stop."""
     while not stop.is_set():
@@ -109,6 +118,13 @@ class SyncSource:
                                   self.params(step), max_turns=self.max_turns)
         return RolloutBatch(step, rollouts, stats, versions=[self.engine.version])
 
+    def more(self, step: int, draw: int) -> RolloutBatch:
+        """Extra rollouts for step `step` (dynamic sampling): other tasks, other seeds."""
+        key = refill_key(step, draw)
+        rollouts, stats = collect(self.engine, self.tok, self.env, self.tasks(key), self.group,
+                                  self.params(key), max_turns=self.max_turns)
+        return RolloutBatch(step, rollouts, stats, versions=[self.engine.version])
+
     def publish(self, model: torch.nn.Module, version: int) -> None:
         self.engine.load_weights(model.state_dict(), version=version)   # shared tensors: no copy
 
@@ -121,11 +137,12 @@ class AsyncSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0) -> None:
+                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False) -> None:
         if max_staleness < 1:
             raise ValueError("AsyncSource needs max_staleness >= 1 (0 is the synchronous mode)")
         gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode,
+                             record_routing=record_routing)
         self.tok, self.env, self.tasks, self.group = tok, env, tasks, group
         self.params, self.max_turns = params, max_turns
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
@@ -148,6 +165,10 @@ class AsyncSource:
     def next(self, step: int) -> RolloutBatch:
         return next_fresh(self._queue.get, lambda: None if self._thread.is_alive() else "its thread exited",
                           self.version, self.max_staleness, self.timeout_s)
+
+    def more(self, step: int, draw: int) -> RolloutBatch:
+        """Extra rollouts (dynamic sampling): the collector's next batch."""
+        return self.next(step)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -179,7 +200,7 @@ class ProcessSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0) -> None:
+                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False) -> None:
         import multiprocessing as mp
 
         if max_staleness < 1:
@@ -190,7 +211,8 @@ class ProcessSource:
         self.version = 0
         self.weights = SharedWeights(model, ctx)
         gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode,
+                             record_routing=record_routing)
         self._queue = ctx.Queue(maxsize=max_staleness)
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_collector_main, name="rollout-collector", daemon=True,
@@ -202,6 +224,10 @@ class ProcessSource:
         return next_fresh(self._queue.get,
                           lambda: None if self._proc.is_alive() else f"exit code {self._proc.exitcode}",
                           self.version, self.max_staleness, self.timeout_s)
+
+    def more(self, step: int, draw: int) -> RolloutBatch:
+        """Extra rollouts (dynamic sampling): the collector's next batch."""
+        return self.next(step)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         self.weights.write(model, version)

@@ -5,7 +5,7 @@ from ..accounting.ledger import token_flops
 from .batcher import Batcher
 from .config import ServeConfig
 
-__all__ = ["Batcher", "ServeConfig", "build", "run"]
+__all__ = ["Batcher", "ServeConfig", "build", "run", "shutdown"]
 
 log = logging.getLogger("gymloop.serve")
 
@@ -14,6 +14,7 @@ def build(cfg: ServeConfig):
     """(app, batcher, store) for a config: loads the model, opens the store, starts batching.
     (The caller sets torch's thread count: `gymloop serve` applies `cfg.threads`.)"""
     from ..models.checkpoint import load_model
+    from ..models.parameters import count_parameters
     from ..bases.registry import resolve_model
     from ..engine import Engine
     from ..store import Store
@@ -26,13 +27,33 @@ def build(cfg: ServeConfig):
     profiles = load_profiles()
     if cfg.cost_profile not in profiles:
         raise ValueError(f"cost_profile {cfg.cost_profile!r} is not a profile; known: {sorted(profiles)}")
-    serving = ServingLedger(store, profiles[cfg.cost_profile], sum(p.numel() for p in model.parameters()))
+    serving = ServingLedger(store, profiles[cfg.cost_profile], count_parameters(model)[1])   # active ones
     engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     app = create_app(cfg, store, batcher, tok)
     app.state.serving_ledger = serving      # flush() it to price the last seconds of serving
+    if cfg.fine_tuning:
+        from pathlib import Path
+
+        from ..finetune.worker import JobWorker
+
+        jobs = Path(cfg.jobs_dir) if cfg.jobs_dir else Path(cfg.db).resolve().parent / "ft-jobs"
+        app.state.worker = JobWorker(store, jobs, app.state.resolve_trainable, profiles[cfg.cost_profile],
+                                     cfg.cost_profile, checkpoint_every=cfg.checkpoint_every).start()
     return app, batcher, store
+
+
+def shutdown(app) -> None:
+    """Stop what `build` started: the fine-tuning worker (a running job stays `running` and is
+    resumed by the next worker), the models served on demand, the batcher; price the last
+    seconds of serving."""
+    worker = getattr(app.state, "worker", None)
+    if worker is not None:
+        worker.stop()
+    app.state.pool.close()
+    app.state.batcher.close()
+    app.state.serving_ledger.flush()
 
 
 class ServingLedger:
@@ -99,8 +120,8 @@ def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> N
 def run(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     import uvicorn
 
-    app, batcher, _ = build(cfg)
+    app, _, _ = build(cfg)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
-        batcher.close()
+        shutdown(app)

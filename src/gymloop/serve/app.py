@@ -8,21 +8,26 @@ valid key gets 401 and leaves no trace. A trace is committed to the store before
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ..models.chat import ChatTokenizer
 from ..engine import SamplingParams
 from ..store import Store, StoreError
-from .batcher import Batcher
+from .fine_tuning import add_routes
+from .pool import ModelPool
+from .batcher import Batcher, BatcherStopped
+from .openapi import error_responses, json_body, json_int
 from .config import ServeConfig
 from .dashboard import PAGE, dashboard_data
 
@@ -30,21 +35,6 @@ from .dashboard import PAGE, dashboard_data
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
         self.status, self.message, self.kind, self.param = status, message, kind, param
-
-
-def _json_integer(value: Any) -> Any:
-    if isinstance(value, (str, bool)):
-        raise ValueError("must be a JSON integer")
-    return value
-
-
-def json_int(minimum: int | None = None, maximum: int | None = None):
-    """An integer as JSON Schema means it: 5 and 5.0 are integers, "5" and true are not (the
-    request models are otherwise strict, and strict pydantic would refuse 5.0), with its bounds
-    both enforced and written into the schema."""
-    bounds = {k: v for k, v in (("minimum", minimum), ("maximum", maximum)) if v is not None}
-    return Annotated[int, Strict(False), BeforeValidator(_json_integer),
-                     Field(ge=minimum, le=maximum), WithJsonSchema({"type": "integer", **bounds})]
 
 
 JSONInt = json_int()
@@ -160,47 +150,6 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """Every error answer: OpenAI's error object."""
-
-    error: ErrorDetail
-
-
-def _body(body: type[BaseModel], narrow: dict[str, dict] | None = None) -> dict:
-    """OpenAPI for a route that reads its JSON body itself (to bound its size and word its errors):
-    the body is still declared, so /openapi.json describes what the route accepts. `narrow` adds
-    this server's own limits to fields (the model it serves, its max_tokens limit)."""
-    schema = body.model_json_schema()
-    for field, extra in (narrow or {}).items():
-        prop = schema["properties"][field]
-        for option in prop.get("anyOf", [prop]):       # an optional field: narrow its non-null form
-            if option.get("type") != "null":
-                option.update(extra)
-    defs = schema.pop("$defs", {})
-
-    def inline(node):   # the nested models in place: the body's schema stands on its own
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return inline(defs[node["$ref"].rsplit("/", 1)[1]])
-            return {k: inline(v) for k, v in node.items()}
-        return [inline(v) for v in node] if isinstance(node, list) else node
-
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
-
-
-def _errors(*codes: int) -> dict:
-    why = {400: "bad request (the message names the field)", 401: "missing or invalid API key",
-           404: "unknown model or trace", 413: "request body too large", 422: "unprocessable request"}
-    return {c: {"model": ErrorBody, "description": why[c]} for c in codes}
-
-
 def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
     app = FastAPI(title="gymloop", version="0.1.0")
     name = cfg.served_name()
@@ -213,15 +162,59 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         metrics.count(exc.status)
         return _error(exc.status, exc.message, exc.kind, exc.param)
 
-    def auth(request: Request) -> str | None:
+    @app.middleware("http")
+    async def _allow(request: Request, call_next):
+        # a 405 names every method of the path (Starlette names only the first route's)
+        response = await call_next(request)
+        if response.status_code == 405:
+            path = request.url.path
+            matching = [r for r in app.routes if isinstance(r, APIRoute) and r.path_regex.match(path)]
+            # a path written out (/v1/fine_tuning/jobs/estimate) is that resource, not a template's id
+            static = [r for r in matching if "{" not in r.path]
+            response.headers["allow"] = ", ".join(sorted({m for r in static or matching for m in r.methods}))
+        return response
+
+    def authenticate(request: Request) -> tuple[str | None, str]:
+        """(key id for traces, tenant): every key is a tenant, named by a hash of the key."""
         if not cfg.require_auth:
-            return None
+            return None, "org-public"
         header = request.headers.get("authorization", "")
         key = header[7:] if header.lower().startswith("bearer ") else ""
         if not key or key not in keys:
             raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
                            "authentication_error")
-        return key[:4] + "…"
+        return key[:4] + "…", "org-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def auth(request: Request) -> str | None:
+        return authenticate(request)[0]
+
+    # fine-tuned models, served by id on demand (loaded within a memory budget)
+    pool = ModelPool(cfg.max_loaded_mb << 20, lambda path: _load_for_serving(path, cfg))
+    app.state.pool = pool
+
+    def served(model: str, tenant: str) -> tuple[Batcher, ChatTokenizer, str]:
+        """The batcher, tokenizer and reported name of the model a request names (404: unknown)."""
+        if model == name:
+            return batcher, tok, name
+        path = store.fine_tuned_model(tenant, model) if cfg.fine_tuning else None
+        if path is None:
+            raise APIError(404, f"model {model!r} not found; this server serves {name!r} and your "
+                           "fine-tuned models (GET /v1/models)", param="model")
+        b, t = pool.get(model, path)
+        return b, t, model
+
+    def resolve_trainable(tenant: str, model: str) -> str | None:
+        """Weights a fine-tuning job of `tenant` may start from: a base this server trains, the
+        served model, or the tenant's own fine-tuned model or checkpoint (None: none of these)."""
+        from ..bases.registry import resolve_model
+
+        if model == name:
+            return str(resolve_model(cfg.model, progress=False))
+        if model in cfg.trainable_models:
+            return str(resolve_model(model, progress=False))
+        return store.fine_tuned_model(tenant, model)
+
+    app.state.resolve_trainable = resolve_trainable
 
     async def body_json(request: Request) -> Any:
         raw = await request.body()
@@ -257,23 +250,24 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
     async def prom():
         return PlainTextResponse(metrics.render(batcher.version, batcher))
 
-    @app.get("/v1/models", responses=_errors(401))
+    @app.get("/v1/models", responses=error_responses(401))
     async def models(request: Request):
-        auth(request)
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "gymloop",
-                                            "version": batcher.version}]}
+        _, tenant = authenticate(request)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "gymloop", "version": batcher.version}]
+        data += [{"id": m["id"], "object": "model", "created": int(m["created"]), "owned_by": tenant,
+                  "fine_tuning_job": m["job"]} for m in store.fine_tuned_models(tenant)]
+        return {"object": "list", "data": data}
 
-    @app.post("/v1/chat/completions", openapi_extra=_body(ChatRequest, {
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest, {
         "model": {"enum": [name]}, "max_tokens": {"maximum": cfg.max_tokens_limit},
         "max_completion_tokens": {"maximum": cfg.max_tokens_limit}}), responses={
         200: {"description": "a chat.completion, or with stream: true a text/event-stream of chunks",
-              "content": {"application/json": {}, "text/event-stream": {}}}, **_errors(400, 401, 404, 413)})
+              "content": {"application/json": {}, "text/event-stream": {}}}, **error_responses(400, 401, 404, 413)})
     async def chat(request: Request):
         t0 = time.perf_counter()
-        key_id = auth(request)
+        key_id, tenant = authenticate(request)
         req: ChatRequest = validate(ChatRequest, await body_json(request))
-        if req.model != name:
-            raise APIError(404, f"model {req.model!r} not found; this server serves {name!r}", param="model")
+        batcher, tok, name = await run_in_threadpool(served, req.model, tenant)
         for field in ("max_tokens", "max_completion_tokens"):     # each, even the one not used
             value = getattr(req, field)
             if value is not None and value > cfg.max_tokens_limit:
@@ -325,7 +319,10 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
 
         if not req.stream:
             r = batcher.submit(prompt, params)
-            gen = await asyncio.wrap_future(r.future)
+            try:
+                gen = await asyncio.wrap_future(r.future)
+            except BatcherStopped as exc:
+                raise APIError(503, str(exc), "server_error") from None
             body, trace_id = await finish(gen, r.version)
             return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id,
                                                "x-gymloop-model-version": str(r.version)})
@@ -370,7 +367,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"x-gymloop-trace-id": cid})
 
-    @app.post("/v1/feedback", openapi_extra=_body(FeedbackRequest), responses=_errors(400, 401, 404, 413))
+    @app.post("/v1/feedback", openapi_extra=json_body(FeedbackRequest), responses=error_responses(400, 401, 404, 413))
     async def feedback(request: Request):
         auth(request)
         fb: FeedbackRequest = validate(FeedbackRequest, await body_json(request))
@@ -387,4 +384,18 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         metrics.count(200)
         return {"id": fid, "trace_id": fb.trace_id}
 
+    if cfg.fine_tuning:
+        add_routes(app, store=store, tenant_of=lambda r: authenticate(r)[1], body_json=body_json, validate=validate,
+                   error=APIError, trainable=lambda tenant, model: resolve_trainable(tenant, model) is not None)
     return app
+
+
+def _load_for_serving(path: str, cfg: ServeConfig) -> tuple[Batcher, ChatTokenizer, int]:
+    """A fine-tuned model's own engine and batcher (it may have another tokenizer than the base)."""
+    from ..engine import Engine
+    from ..models.checkpoint import load_model
+
+    model, tok = load_model(path)
+    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000), tok, size

@@ -52,12 +52,11 @@ def serving(cfg) -> Iterator[tuple[str, object, object]]:
     """`with serving(ServeConfig(...)) as (base_url, batcher, store):` builds the server, serves it
     on loopback in a thread, and on exit stops it, closes the batcher and flushes the serving
     ledger, so the last seconds of serving are priced too."""
-    from . import build
+    from . import build, shutdown
 
     app, batcher, store = build(cfg)
     try:
         with ServerThread(app) as url:
             yield url, batcher, store
     finally:
-        batcher.close()
-        app.state.serving_ledger.flush()
+        shutdown(app)

@@ -19,6 +19,10 @@ import torch
 from ..engine import Engine, Generation, SamplingParams
 
 
+class BatcherStopped(RuntimeError):
+    """The batcher stopped before this request ran."""
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -105,6 +109,14 @@ class Batcher:
                 groups.setdefault(r.params, []).append(r)
             for params, reqs in groups.items():
                 self._run(params, reqs)
+        # stopped: whatever still waits gets an error (to retry elsewhere), never a hang
+        while True:
+            try:
+                req = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if req is not None and not req.future.done():
+                req.future.set_exception(BatcherStopped("the model was unloaded or the server is stopping; retry"))
 
     def _run(self, params: SamplingParams, reqs: list[Request]) -> None:
         def on_token(i: int, tok: int) -> None:
@@ -133,4 +145,4 @@ class Batcher:
         self._thread.join(timeout=10)
 
 
-__all__ = ["Batcher", "Generation", "Request"]
+__all__ = ["Batcher", "BatcherStopped", "Generation", "Request"]

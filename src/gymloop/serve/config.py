@@ -23,6 +23,16 @@ class ServeConfig(BaseModel):
     threads: int = Field(1, ge=1, description="torch CPU threads (`gymloop serve` sets them for the process).")
     poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
     cost_profile: str = Field("cpu-2vcpu", description="Hardware profile serving is priced on (profiles.yaml).")
+    fine_tuning: bool = Field(True, description="Serve the fine-tuning API (/v1/files, /v1/fine_tuning/jobs) and "
+                              "run its jobs in a worker thread of this server.")
+    jobs_dir: str | None = Field(None, description="Where fine-tuning jobs keep checkpoints and models "
+                                 "(default: ft-jobs/ beside the store).")
+    trainable_models: list[str] = Field(default_factory=lambda: ["nano", "nano-tools", "nano-moe"],
+                                        description="Base models a fine-tuning job may start from (model names "
+                                        "of `gymloop train`; the served model is one too).")
+    checkpoint_every: int = Field(0, ge=0, description="Fine-tuning checkpoint interval in steps (0: every epoch).")
+    max_loaded_mb: int = Field(2048, ge=1, description="Memory budget of fine-tuned models served on demand "
+                               "(least recently used ones are unloaded).")
 
     def served_name(self) -> str:
         if self.model_name:

@@ -106,8 +106,10 @@ def _usd(x: float | None) -> str:
 
 def _projections(projections: dict) -> str:
     """The section on other hardware, always labelled as estimates (ledger.project)."""
-    rows = [["profile (projection)", "seconds", "dollars", "assumption"]] + [
-        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]), p["assumption"]] for name, p in projections.items()]
+    rows = [["profile (projection)", "seconds", "dollars", "$ per 1M generated tokens", "assumption"]] + [
+        [name, f"{p['seconds']:.3g}", _usd(p["dollars"]),
+         "n/a" if p.get("usd_per_1m_generated_tokens") is None else _usd(p["usd_per_1m_generated_tokens"]),
+         p["assumption"]] for name, p in projections.items()]
     return ("<h2>Projections to other hardware</h2><p class=\"note\">Estimates from FLOPs and an assumed "
             f"utilisation, not measurements.</p>{_table(rows)}")
 
@@ -160,6 +162,10 @@ def write_report(run_dir: str | Path) -> Path:
                  ["intelligence per dollar", "n/a" if eco.get("intelligence_per_dollar") is None
                   else f"{eco['intelligence_per_dollar']:,.1f} held-out points per $"],
                  ["estimated FLOPs", f"{eco.get('flops', 0):.3g}"]]
+    if "parameters" in summary:
+        # FLOPs and projected costs count the active ones (an MoE token uses its top-k experts)
+        econ_rows.append(["parameters / active per token",
+                          f"{summary['parameters']:,} / {summary['active_parameters']:,}"])
     if sv := summary.get("serving"):
         econ_rows += [["served requests / tokens", f"{sv['requests']} / {sv['served_tokens']:,}"],
                       ["serving cost", _usd(sv["dollars"])],

@@ -1,10 +1,13 @@
 """Token batches for training and the log-probs a model assigns to them."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from ..models.routing import routers, routing
 
 
 @dataclass
@@ -13,30 +16,34 @@ class TokenBatch:
 
     input_ids [N, L]; attention_mask [N, L] (1 on real tokens); loss_mask [N, L] (1 on
     tokens the model produced, which are the ones trained on); old_logp [N, L] (behaviour
-    log-probs of those tokens, 0 elsewhere).
+    log-probs of those tokens, 0 elsewhere); routing [N, layers, L, k] or None (MoE router
+    replay: the experts each position was routed to when sampled, -1 where none).
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     old_logp: torch.Tensor
+    routing: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: torch.Tensor | slice) -> "TokenBatch":
         return TokenBatch(self.input_ids[rows], self.attention_mask[rows], self.loss_mask[rows],
-                          self.old_logp[rows])
+                          self.old_logp[rows], None if self.routing is None else self.routing[rows])
 
     def to(self, device: torch.device | str) -> "TokenBatch":
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
-                          self.loss_mask.to(device), self.old_logp.to(device))
+                          self.loss_mask.to(device), self.old_logp.to(device),
+                          None if self.routing is None else self.routing.to(device))
 
     def trim(self) -> "TokenBatch":
         """Without the padding columns no row needs: [N, L] -> [N, longest row]."""
         width = int(self.attention_mask.sum(-1).max()) if len(self) else 0
         return TokenBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
-                          self.loss_mask[:, :width], self.old_logp[:, :width])
+                          self.loss_mask[:, :width], self.old_logp[:, :width],
+                          None if self.routing is None else self.routing[:, :, :width])
 
 
 def make_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
@@ -62,13 +69,27 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float
     """logp [N, L]: log-prob of each token given the ones before it (position 0 gets 0).
 
     Uses softmax(logits / temperature), the distribution the engine reports for a sample
-    drawn at that temperature, so the PPO ratio starts at exactly 1 on fresh rollouts.
+    drawn at that temperature, so the PPO ratio starts at exactly 1 on fresh rollouts. An MoE
+    batch with routing replays it (models/routing.py).
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return logprobs_and_aux(model, batch, temperature)[0]
+
+
+def logprobs_and_aux(model: torch.nn.Module, batch: TokenBatch,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp [N, L], the router's load-balancing loss scaled by the model's
+    router_aux_loss_coef, a scalar; None for a dense model)."""
+    moe = bool(routers(model))
+    with routing(model, replay=batch.routing) if moe else contextlib.nullcontext():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    **({"output_router_logits": True} if moe else {}))
     logits = out.logits[:, :-1].float()                            # [N, L-1, V]
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp = torch.log_softmax(logits, -1)
     tgt = batch.input_ids[:, 1:, None]                             # [N, L-1, 1]
     lp = logp.gather(-1, tgt).squeeze(-1)                          # [N, L-1]
-    return torch.nn.functional.pad(lp, (1, 0))                     # [N, L]
+    aux = getattr(out, "aux_loss", None) if moe else None
+    if aux is not None:
+        aux = aux * model.config.router_aux_loss_coef
+    return torch.nn.functional.pad(lp, (1, 0)), aux                # [N, L]

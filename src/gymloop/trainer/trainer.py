@@ -1,8 +1,8 @@
 """The trainer: turns scored rollouts into optimizer steps, and saves/restores its state.
 
-Stages, each its own function: `advantages_for` (rewards -> advantages per group),
-`rollouts_to_batch` (episodes -> padded token batch), `Trainer.grpo_step` (loss and
-optimizer steps). The loss itself is the pure `algorithms.grpo.grpo_loss`.
+Stages, each its own function: `rollouts_to_batch` (episodes -> padded token batch) and
+`Trainer.step` (the extra forward passes a loss needs, then optimizer steps). Advantages and
+the loss itself are pure functions of `algorithms/`, passed in.
 """
 from __future__ import annotations
 
@@ -11,56 +11,33 @@ import functools
 import json
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from . import sharding
-from ..algorithms.grpo import LossAgg, group_advantages, grpo_loss
-from .logprobs import TokenBatch, make_batch, token_logprobs
+from ..algorithms.aggregation import AGGREGATIONS
+from ..algorithms.losses import PolicyLoss
+from .logprobs import TokenBatch, logprobs_and_aux, make_batch, token_logprobs
 from ..rollout.episodes import Rollout
 
 
-@dataclass
-class Advantages:
-    rollouts: list[Rollout]      # the rollouts kept for training
-    advantages: torch.Tensor     # [len(rollouts)]
-    groups: int                  # groups considered (with >= 2 valid members)
-    zero_signal_groups: int      # groups whose rewards were all equal
-
-
-def advantages_for(rollouts: Sequence[Rollout], group_size: int, scale_std: bool,
-                   drop_zero_signal: bool) -> Advantages:
-    """Group-normalised advantages. Groups are consecutive runs of `group_size` rollouts.
-
-    Rollouts with an infrastructure error are excluded before normalising, so a crashed
-    sandbox never counts as a failed attempt.
-    """
-    kept, advs, groups, zero = [], [], 0, 0
-    for start in range(0, len(rollouts), group_size):
-        grp = [r for r in rollouts[start:start + group_size] if r.ok]
-        if len(grp) < 2:
-            continue
-        groups += 1
-        adv, z = group_advantages(torch.tensor([r.reward for r in grp]), len(grp), scale_std)
-        if bool(z[0]):
-            zero += 1
-            if drop_zero_signal:
-                continue
-        kept += grp
-        advs.append(adv)
-    adv = torch.cat(advs) if advs else torch.zeros(0)
-    return Advantages(kept, adv, groups, zero)
-
-
-def rollouts_to_batch(rollouts: Sequence[Rollout], pad_id: int) -> TokenBatch:
-    """Prompt + episode tokens; loss on model-produced tokens only."""
+def rollouts_to_batch(rollouts: Sequence[Rollout], pad_id: int, replay: bool = False) -> TokenBatch:
+    """Prompt + episode tokens; loss on model-produced tokens only. With `replay`, the MoE
+    routing the rollouts were sampled with rides along (rows without one route themselves)."""
     seqs = [r.prompt_ids + r.token_ids for r in rollouts]
     masks = [[0] * len(r.prompt_ids) + r.mask for r in rollouts]
     logps = [[0.0] * len(r.prompt_ids) + r.logprobs for r in rollouts]
-    return make_batch(seqs, masks, logps, pad_id)
+    batch = make_batch(seqs, masks, logps, pad_id)
+    recorded = [r.routing for r in rollouts if r.routing is not None]
+    if replay and recorded:
+        layers, _, k = recorded[0].shape
+        batch.routing = torch.full((len(seqs), layers, batch.input_ids.shape[1], k), -1, dtype=torch.long)
+        for i, (r, s) in enumerate(zip(rollouts, seqs)):
+            if r.routing is not None and r.routing.shape[1] == len(s) - 1:
+                batch.routing[i, :, :len(s) - 1] = torch.as_tensor(r.routing, dtype=torch.long)
+    return batch
 
 
 def _distributed() -> bool:
@@ -73,8 +50,7 @@ def _global_count(mb: TokenBatch, agg: str) -> float | None:
     rows (see cluster.ray_trainer) change nothing."""
     if not _distributed():
         return None
-    n = mb.loss_mask.sum() if agg == "token-mean" else (mb.loss_mask.sum(-1) > 0).sum()
-    n = n.detach().clone().float()
+    n = AGGREGATIONS.impl(agg).count(mb.loss_mask.float()).detach().clone().float()
     torch.distributed.all_reduce(n)
     return float(n.clamp(min=1))
 
@@ -105,6 +81,20 @@ def lr_factor(step: int, *, warmup_steps: int, decay_steps: int | None, min_rati
         return warm
     done = min(1.0, max(0, step - warmup_steps) / max(1, decay_steps - warmup_steps))
     return warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor,
+                   max_grad_norm: float, reduce=None) -> torch.Tensor:
+    """One update: backward, `reduce(model)` (data parallel: sum gradients across ranks), clip
+    to `max_grad_norm`, step the optimizer and the schedule. Returns the gradient norm."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if reduce is not None:
+        reduce(model)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    opt.step()
+    sched.step()
+    return norm
 
 
 def trainable_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[torch.nn.Parameter]:
@@ -149,21 +139,23 @@ class Trainer:
         else:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
 
-    def grpo_step(self, batch: TokenBatch, advantages: torch.Tensor, *, temperature: float,
-                  clip_low: float, clip_high: float, beta: float, loss_agg: LossAgg,
-                  epochs: int = 1, minibatches: int = 1) -> dict:
-        """`epochs` x `minibatches` optimizer steps on one batch of rollouts.
+    def step(self, batch: TokenBatch, advantages: torch.Tensor, loss: PolicyLoss, *, temperature: float,
+             epochs: int = 1, minibatches: int = 1) -> dict:
+        """`epochs` x `minibatches` optimizer steps of `loss` on one batch of rollouts.
 
-        batch: [N, L]; advantages: [N]. The PPO ratio is taken against the behaviour
-        log-probs stored in the batch, so later passes over the same batch stay correct.
+        batch: [N, L]; advantages: [N]. The ratio is taken against log-probs fixed before the
+        first update (the behaviour log-probs stored in the batch, or the proximal policy's when
+        the loss corrects the behaviour mismatch), so later passes over the batch stay correct.
         """
         self.model.train()
         device = next(self.model.parameters()).device      # rollouts arrive on the CPU
         batch, advantages = batch.to(device), advantages.to(device)
-        ref_logp = None
-        if self.ref is not None and beta > 0:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self.ref, batch, temperature)
+        if loss.needs_ref and self.ref is None:
+            raise ValueError("the loss has a KL term (beta > 0) but the trainer was built without a reference model")
+        with torch.no_grad():
+            ref_logp = token_logprobs(self.ref, batch, temperature) if loss.needs_ref else None
+            # the trainer's own weights before this step: the decoupled-PPO proximal policy
+            prox_logp = token_logprobs(self.model, batch, temperature) if loss.needs_proximal else None
         n = len(batch)
         agg: dict[str, float] = {}
         count = 0
@@ -175,12 +167,17 @@ class Trainer:
             # rank runs the same number of collectives
             for idx in order.tensor_split(minibatches):
                 mb = batch.select(idx)
-                logp = token_logprobs(self.model, mb, temperature)
-                loss, m = grpo_loss(logp, mb.old_logp, advantages[idx], mb.loss_mask,
-                                    clip_low=clip_low, clip_high=clip_high,
-                                    ref_logp=None if ref_logp is None else ref_logp[idx],
-                                    beta=beta, agg=loss_agg, normalizer=_global_count(mb, loss_agg))
-                m["grad_norm"] = self._apply(loss)
+                logp, aux = logprobs_and_aux(self.model, mb, temperature)
+                value, m = loss(logp, mb.old_logp, advantages[idx], mb.loss_mask,
+                                proximal_logp=None if prox_logp is None else prox_logp[idx],
+                                ref_logp=None if ref_logp is None else ref_logp[idx],
+                                normalizer=_global_count(mb, loss.agg))
+                if aux is not None:       # MoE: the router's load-balancing loss, as in pre-training
+                    # each rank's is a mean over its own tokens: summed gradients count it once
+                    world = torch.distributed.get_world_size() if _distributed() else 1
+                    value = value + aux / world
+                    m["router_aux_loss"] = aux.item()
+                m["grad_norm"] = self._apply(value)
                 for k, v in m.items():
                     agg[k] = agg.get(k, 0.0) + v
                 count += 1
@@ -188,13 +185,9 @@ class Trainer:
         return {k: v / count for k, v in agg.items()}
 
     def _apply(self, loss: torch.Tensor) -> float:
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if not self.sharded:              # FSDP reduce-scattered them in backward
-            _all_reduce_grads(self.model)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.opt.step()
-        self.sched.step()
+        # FSDP reduce-scattered the gradients in backward; whole replicas sum them here
+        norm = optimizer_step(self.model, self.opt, self.sched, loss, self.max_grad_norm,
+                              reduce=None if self.sharded else _all_reduce_grads)
         self.step_count += 1
         return float(sharding.full(norm))
 

@@ -1,0 +1,224 @@
+"""What a fine-tuning job trains: its examples as token batches, the loss of its method, and the
+loop that steps, reports and checkpoints until done, cancelled or paused.
+
+    supervised   NLL on assistant tokens (weight 0 messages excluded)        algorithms/sft.py
+    dpo          DPO on (input, preferred, non-preferred), the reference's
+                 log-probs computed once before the first step               algorithms/dpo.py
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..algorithms.dpo import DPOLoss, sequence_logps
+from ..algorithms.sft import sft_loss
+from ..models.chat import ChatTokenizer
+from ..trainer.logprobs import TokenBatch, logprobs_and_aux, make_batch, token_logprobs
+from ..trainer.trainer import lr_factor, optimizer_step
+
+
+@dataclass
+class Hyper:
+    """Resolved hyper-parameters ("auto" replaced by a number)."""
+
+    n_epochs: int
+    batch_size: int
+    learning_rate: float
+    beta: float = 0.1
+    length_normalize: bool = False
+    reference_free: bool = False
+    sft_weight: float = 0.0
+
+    def public(self, method: str) -> dict:
+        """As the job object reports them (OpenAI's names: a multiplier, not a rate)."""
+        out = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
+               "learning_rate_multiplier": self.learning_rate / BASE_LR}
+        if method == "dpo":
+            out.update(beta=self.beta, length_normalize=self.length_normalize,
+                       reference_free=self.reference_free, sft_weight=self.sft_weight)
+        return out
+
+
+BASE_LR = 1e-3           # learning_rate_multiplier 1 (nano-sized models; pass a multiplier for others)
+
+
+def resolve(method: str, given: dict, n_examples: int) -> Hyper:
+    """Hyper-parameters of a job: "auto" (or absent) -> defaults that suit the data size."""
+    def pick(name, auto):
+        v = given.get(name, "auto")
+        return auto if v == "auto" or v is None else v
+    batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
+    epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
+    lr = BASE_LR * float(pick("learning_rate_multiplier", 1.0 if method == "supervised" else 0.1))
+    if batch < 1 or epochs < 1 or lr <= 0:
+        raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
+    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr)
+    if method == "dpo":
+        h.beta = float(pick("beta", 0.1))
+        h.length_normalize = bool(given.get("length_normalize", False))
+        h.reference_free = bool(given.get("reference_free", False))
+        h.sft_weight = float(pick("sft_weight", 0.0))
+        DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
+    return h
+
+
+# --- examples as token ids ---------------------------------------------------------------
+def sft_example(tok: ChatTokenizer, row: dict) -> tuple[list[int], list[int]]:
+    """(ids, mask): the conversation, 1 on tokens of assistant messages whose weight is not 0."""
+    msgs = [{k: v for k, v in m.items() if k != "weight"} for m in row["messages"]]
+    ids, mask = tok.sft_ids(msgs, tools=row.get("tools"))
+    if any(m.get("weight", 1) == 0 for m in row["messages"]):
+        mask = _zero_weighted(tok, row, ids, mask)
+    return ids, mask
+
+
+def _zero_weighted(tok: ChatTokenizer, row: dict, ids: list[int], mask: list[int]) -> list[int]:
+    """Clear the mask of assistant messages with weight 0 (rendered prefix by prefix)."""
+    msgs = [{k: v for k, v in m.items() if k != "weight"} for m in row["messages"]]
+    out = list(mask)
+    for i, m in enumerate(row["messages"]):
+        if m["role"] == "assistant" and m.get("weight", 1) == 0:
+            start = len(tok.prompt_ids(msgs[:i], tools=row.get("tools")))
+            end = len(tok.encode(tok.render(msgs[:i + 1], add_generation_prompt=False, tools=row.get("tools"))))
+            out[start:end] = [0] * (end - start)
+    return out
+
+
+def completion_example(tok: ChatTokenizer, messages: list[dict], completion: list[dict],
+                       tools: list | None) -> tuple[list[int], list[int]]:
+    """(ids, mask) of a prompt and a completion of it, 1 on the completion's tokens only."""
+    prompt = tok.prompt_ids(messages, tools=tools)
+    full = tok.encode(tok.render(list(messages) + list(completion), add_generation_prompt=False, tools=tools))
+    if full[:len(prompt)] != prompt:
+        raise ValueError("chat template does not render prefixes as prefixes")
+    return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
+
+
+def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
+    b = make_batch([e[0] for e in examples], [e[1] for e in examples], None, pad_id)
+    b.loss_mask[:, 0] = 0                 # position 0 has no prediction
+    return b
+
+
+# --- the loop ----------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """What a job reports as it goes (events, checkpoints), and whether it should stop."""
+
+    on_metrics: Callable[[dict], None]
+    on_checkpoint: Callable[[int, dict, dict], None]          # (step, metrics, optimizer state)
+    should_stop: Callable[[], str | None]                      # "cancelled" / "paused" / None
+    checkpoint_every: int = 0                                  # 0: one per epoch
+
+
+def train_job(method: str, model: torch.nn.Module, tok: ChatTokenizer, rows: list[dict], hp: Hyper,
+              seed: int, progress: Progress, valid_rows: list[dict] | None = None,
+              start: dict | None = None) -> dict:
+    """Train `model` in place. `start`: a checkpoint's state (step, optimizer) to resume from.
+    Returns {"status": "succeeded" | "cancelled" | "paused", "step", "trained_tokens", "seconds"}."""
+    if method == "supervised":
+        examples = [sft_example(tok, r) for r in rows]
+        valid = [sft_example(tok, r) for r in valid_rows or []]
+    elif method == "dpo":
+        examples = [(completion_example(tok, r["input"]["messages"], r["preferred_output"], r["input"].get("tools")),
+                     completion_example(tok, r["input"]["messages"], r["non_preferred_output"], r["input"].get("tools")))
+                    for r in rows]
+        loss_fn = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
+        ref = None if hp.reference_free else _reference_logps(model, tok, examples, hp)
+        valid = []
+    else:
+        raise ValueError(f"method {method!r} is not trained by this worker")
+    steps_per_epoch = math.ceil(len(examples) / hp.batch_size)
+    total = steps_per_epoch * hp.n_epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=0.0, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps=min(10, total // 10),
+                                                                     decay_steps=total, min_ratio=0.1))
+    step, tokens, seconds = 0, 0, 0.0
+    if start:
+        opt.load_state_dict(start["optimizer"])
+        sched.load_state_dict(start["scheduler"])
+        step, tokens, seconds = start["step"], start["trained_tokens"], start["seconds"]
+    every = progress.checkpoint_every or steps_per_epoch
+    model.train()
+    t0 = time.perf_counter()
+
+    def state() -> dict:
+        return {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "trained_tokens": tokens, "seconds": seconds + time.perf_counter() - t0}
+
+    while step < total:
+        stop = progress.should_stop()
+        if stop is not None:
+            if stop == "paused":
+                progress.on_checkpoint(step, {"step": step}, state())
+            model.eval()
+            return {"status": stop, "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
+        epoch, k = divmod(step, steps_per_epoch)
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        idx = order[k * hp.batch_size:(k + 1) * hp.batch_size].tolist()
+        if method == "supervised":
+            batch = _batch([examples[i] for i in idx], tok.pad_token_id)
+            logp, aux = logprobs_and_aux(model, batch)
+            loss, m = sft_loss(logp, batch.loss_mask)
+            metrics = {"train_loss": m["nll"]}
+        else:
+            batch = _batch([examples[i][0] for i in idx] + [examples[i][1] for i in idx], tok.pad_token_id)
+            logp, aux = logprobs_and_aux(model, batch)
+            seq = sequence_logps(logp, batch.loss_mask, hp.length_normalize)
+            c, r = seq[:len(idx)], seq[len(idx):]
+            nll = -(logp * batch.loss_mask).sum(-1)[:len(idx)] / batch.loss_mask[:len(idx)].sum(-1).clamp(min=1)
+            loss, m = loss_fn(c, r, None if ref is None else ref[0][idx], None if ref is None else ref[1][idx], nll)
+            metrics = {"train_loss": m["loss"], "reward_margin": m["reward_margin"],
+                       "reward_accuracy": m["reward_accuracy"]}
+        if aux is not None:
+            loss = loss + aux
+        optimizer_step(model, opt, sched, loss, 1.0)
+        step += 1
+        tokens += int(batch.attention_mask.sum())
+        metrics.update(step=step, total_steps=total, learning_rate=sched.get_last_lr()[0])
+        if step % every == 0 or step == total:
+            if valid:
+                metrics["valid_loss"] = _mean_nll(model, tok, valid, hp.batch_size)
+            progress.on_checkpoint(step, metrics, state())
+        progress.on_metrics(metrics)
+    model.eval()
+    return {"status": "succeeded", "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
+
+
+@torch.no_grad()
+def _reference_logps(model, tok, examples, hp: Hyper) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen reference (the model before the first step) on every pair: [P] chosen, [P] rejected.
+    Computed once, so no second model is kept in memory."""
+    model.eval()
+    out = ([], [])
+    for i in range(0, len(examples), hp.batch_size):
+        for side in (0, 1):
+            b = _batch([e[side] for e in examples[i:i + hp.batch_size]], tok.pad_token_id)
+            out[side].append(sequence_logps(token_logprobs(model, b), b.loss_mask, hp.length_normalize))
+    model.train()
+    return torch.cat(out[0]), torch.cat(out[1])
+
+
+@torch.no_grad()
+def _mean_nll(model, tok, examples, batch_size: int) -> float:
+    was = model.training
+    model.eval()
+    total, n = 0.0, 0.0
+    for i in range(0, len(examples), batch_size):
+        b = _batch(examples[i:i + batch_size], tok.pad_token_id)
+        lp = token_logprobs(model, b)
+        total += float(-(lp * b.loss_mask).sum())
+        n += float(b.loss_mask.sum())
+    model.train(was)
+    return total / max(n, 1.0)
+
+
+def save_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)                      # a crash mid-write leaves the previous state whole

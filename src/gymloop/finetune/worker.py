@@ -1,0 +1,183 @@
+"""The fine-tuning worker: runs the store's queued jobs one at a time, beside the server (a
+thread of `gymloop serve`) or alone. Everything a job needs to resume is in the store and its
+directory: a `kill -9` at any moment and a restart continue a running job from its newest
+checkpoint (or from the start), and its cost reaches the ledger once, with its success.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..accounting.ledger import Profile, token_flops
+from ..models.checkpoint import load_model, save_model
+from ..models.parameters import count_parameters
+from ..store import Store
+from .formats import parse
+from .methods import Hyper, Progress, save_state, train_job
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 5.0          # a running job whose worker was silent 6x this long is taken over
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _worker_gone(worker: str | None, heartbeat: float | None, now: float) -> bool:
+    """Whether a running job's worker is gone: a process of this host that no longer exists
+    (known at once), or any worker silent for 6 heartbeats."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+    return heartbeat is None or now - heartbeat > 6 * HEARTBEAT_S
+
+
+def model_id(job: dict) -> str:
+    """ft:<base>:<tenant>:<suffix>:<job> (OpenAI's shape; the tenant stands for the organisation)."""
+    base = Path(job["base_name"]).name if job.get("base_name") else job["model"]
+    return f"ft:{base}:{job['tenant']}:{job['suffix'] or ''}:{job['id'].removeprefix('ftjob-')[:8]}"
+
+
+class JobWorker:
+    """`resolve(tenant, model) -> model directory` turns a job's `model` (a base name, an ft: id
+    or a checkpoint id) into weights to start from."""
+
+    def __init__(self, store: Store, jobs_dir: str | Path, resolve, profile: Profile, profile_name: str,
+                 poll_s: float = 0.5, checkpoint_every: int = 0) -> None:
+        self.store, self.jobs_dir, self.resolve = store, Path(jobs_dir), resolve
+        self.profile, self.profile_name = profile, profile_name
+        self.poll_s, self.checkpoint_every = poll_s, checkpoint_every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.current: str | None = None
+
+    def start(self) -> "JobWorker":
+        self._thread = threading.Thread(target=self._loop, name="finetune-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            job = self._claim()
+            if job is None:
+                self._stop.wait(self.poll_s)
+                continue
+            self.current = job["id"]
+            try:
+                self.run(job)
+            except Exception as exc:  # noqa: BLE001 - a failed job is recorded, the worker goes on
+                log.error("fine-tuning job %s failed: %s", job["id"], traceback.format_exc())
+                self.store.update_job(job["id"], status="failed", finished_at=time.time(),
+                                      error={"code": "training_error", "message": f"{type(exc).__name__}: {exc}",
+                                             "param": None},
+                                      when_status=("running",),
+                                      event=("error", f"Fine-tuning job failed: {exc}", "message", {}))
+            finally:
+                self.current = None
+
+    def _claim(self) -> dict | None:
+        job = self.store.next_job()
+        if job is None:
+            return None
+        now = time.time()
+        if job["status"] == "queued":
+            ok = self.store.update_job(job["id"], status="running", started=now, heartbeat=now, worker=WORKER_ID,
+                                       when_status=("queued",),
+                                       event=("info", "Fine-tuning job started", "message", {}))
+        else:   # running, and its worker is gone (kill -9): take it over and resume
+            if not _worker_gone(job["worker"], job["heartbeat"], now):
+                return None
+            ok = self.store.update_job(job["id"], heartbeat=now, worker=WORKER_ID, when_status=("running",))
+        return self.store.get_job(None, job["id"]) if ok else None
+
+    def run(self, job: dict) -> None:
+        jid, tenant = job["id"], job["tenant"]
+        method = job["method"]["type"]
+        root = self.jobs_dir / jid
+        root.mkdir(parents=True, exist_ok=True)
+        state = job["progress"] or {}
+        start_dir = state.get("checkpoint") or str(self.resolve(tenant, job["model"]))
+        model, tok = load_model(start_dir)
+        start = torch.load(Path(state["checkpoint"]) / "ft_state.pt", weights_only=False) if state.get("checkpoint") else None
+        if start is not None:
+            self.store.add_event(jid, "info", f"Resumed from the checkpoint at step {start['step']}")
+        rows = parse(self.store.file_content(tenant, job["training_file"]) or b"", method).rows
+        valid = None
+        if job["validation_file"]:
+            valid = parse(self.store.file_content(tenant, job["validation_file"]) or b"", method).rows
+        hp = Hyper(**job["hyperparameters"]["resolved"])
+        ft_id = model_id(job)
+        beat = [time.time()]
+
+        def on_metrics(m: dict) -> None:
+            msg = f"Step {m['step']}/{m['total_steps']}: training loss={m['train_loss']:.4f}"
+            self.store.add_event(jid, "info", msg, "metrics", m)
+            if time.time() - beat[0] > HEARTBEAT_S:
+                beat[0] = time.time()
+                self.store.update_job(jid, heartbeat=beat[0])
+
+        def on_checkpoint(step: int, metrics: dict, st: dict) -> None:
+            path = root / f"ckpt-step-{step}"
+            save_model(model, tok, path, extra={"fine_tuning_job": jid, "step": step})
+            save_state(path / "ft_state.pt", st)
+            self.store.add_checkpoint(jid, step=step, path=str(path), model_id=f"{ft_id}:ckpt-step-{step}",
+                                      metrics=metrics, state={"checkpoint": str(path), "step": step})
+
+        def should_stop() -> str | None:
+            if self._stop.is_set():
+                return "shutdown"
+            status = self.store.get_job(None, jid)["status"]
+            if status == "queued":
+                # paused and resumed between two looks: carry on, and say it is running again
+                self.store.update_job(jid, status="running", heartbeat=time.time(), when_status=("queued",))
+                return None
+            return status if status in ("cancelled", "paused") else None
+
+        out = train_job(method, model, tok, rows, hp, job["seed"],
+                        Progress(on_metrics, on_checkpoint, should_stop, self.checkpoint_every), valid, start)
+        if out["status"] == "paused":
+            self.store.add_event(jid, "info", f"Paused at step {out['step']}; the checkpoint is saved")
+        if out["status"] != "succeeded":
+            return               # cancelled / paused (checkpointed) / shutdown: the store says what next
+        final = root / "final"
+        save_model(model, tok, final, extra={"fine_tuning_job": jid, "base_model": job["model"]})
+        results = self._results_file(jid, tenant)
+        active = count_parameters(model)[1]
+        seconds = out["seconds"]
+        self.store.update_job(
+            jid, status="succeeded", finished_at=time.time(), fine_tuned_model=ft_id, final_path=str(final),
+            trained_tokens=out["trained_tokens"], result_files=[results], when_status=("running",),
+            event=("info", "The job has successfully completed", "message", {}),
+            # the whole job's cost, written with its success: counted once, however many restarts
+            ledger={"phase": "fine_tuning", "seconds": seconds, "run_id": jid,
+                    "dollars": self.profile.dollars(seconds), "trained_tokens": out["trained_tokens"],
+                    "flops": token_flops(active, trained_tokens=out["trained_tokens"])})
+
+    def _results_file(self, jid: str, tenant: str) -> str:
+        """step, train_loss, ... of every step as a CSV file (purpose fine-tune-results)."""
+        events, _ = self.store.job_events(jid, limit=1_000_000)
+        steps = sorted((e["data"] for e in events if e["type"] == "metrics"), key=lambda d: d["step"])
+        cols = ["step"] + sorted({k for d in steps for k in d} - {"step"})
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        w.writerows(steps)
+        f = self.store.add_file(tenant=tenant, filename=f"{jid}-results.csv", purpose="fine-tune-results",
+                                content=buf.getvalue().encode(), status="processed", status_details=None, kind=None)
+        return f["id"]

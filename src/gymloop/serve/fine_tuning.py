@@ -1,0 +1,310 @@
+"""The fine-tuning API on `gymloop serve`, as the official `openai` client calls it:
+/v1/files and /v1/fine_tuning/jobs (create, list, retrieve, cancel, pause, resume, events,
+checkpoints, estimate). Every API key is a tenant: it sees only its own files, jobs and models,
+and another tenant's ids are 404s. Shapes follow openai-python's types (never null where the
+client expects a value: result_files, organization_id, seed, hyperparameters).
+"""
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Callable, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from .openapi import error_responses, json_body, json_int
+from ..store import Store
+from ..finetune.formats import FormatError, parse
+from ..finetune.methods import BASE_LR, resolve
+
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["fine-tune"]}}}}}}}
+STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused")
+MAX_FILE_BYTES = 512 << 20
+
+
+Auto = Literal["auto"]
+
+
+class Hyperparameters(BaseModel):
+    """A method's hyper-parameters: "auto" (or absent) or a value (methods.resolve)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_epochs: json_int(1, 1000) | Auto | None = None
+    batch_size: json_int(1, 4096) | Auto | None = None
+    learning_rate_multiplier: Annotated[float, Field(gt=0, le=1000)] | Auto | None = None
+    beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = Field(None, description="dpo: the KL weight.")
+    sft_weight: Annotated[float, Field(ge=0, le=100)] | Auto | None = Field(
+        None, description="dpo: weight of an NLL term on the preferred answer (RPO).")
+    length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
+    reference_free: bool | None = Field(None, description="dpo: no reference model.")
+
+
+class MethodOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: Hyperparameters | None = None
+
+
+class MethodBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["supervised", "dpo"] = Field(description="supervised or dpo (reinforcement: not yet).")
+    supervised: MethodOptions | None = None
+    dpo: MethodOptions | None = None
+
+
+class JobCreate(BaseModel):
+    """POST /v1/fine_tuning/jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="A base model this server can train ('nano', ...), or an ft: "
+                       "model or checkpoint id of yours (continued training).")
+    training_file: str
+    validation_file: str | None = None
+    suffix: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    seed: json_int(0, 2**31 - 1) | None = None
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    method: MethodBody | None = None
+    hyperparameters: Hyperparameters | None = Field(None, description="Legacy: the supervised method's "
+                                                    "hyper-parameters.")
+    integrations: list[dict] | None = Field(None, max_length=0, description="None are supported (metrics are "
+                                            "the job's events and its results file).")
+
+
+def _file(f: dict) -> dict:
+    return {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": int(f["created"]),
+            "filename": f["filename"], "purpose": f["purpose"], "status": f["status"],
+            "status_details": f["status_details"], "expires_at": None}
+
+
+def _job(j: dict) -> dict:
+    t = j["method"]["type"]
+    public = j["hyperparameters"]["public"]
+    return {"id": j["id"], "object": "fine_tuning.job", "created_at": int(j["created"]), "model": j["model"],
+            "status": j["status"], "training_file": j["training_file"], "validation_file": j["validation_file"],
+            "fine_tuned_model": j["fine_tuned_model"],
+            "finished_at": None if j["finished_at"] is None else int(j["finished_at"]),
+            "estimated_finish": None, "trained_tokens": j["trained_tokens"],
+            "result_files": j["result_files"] or [], "organization_id": j["tenant"], "seed": j["seed"],
+            "hyperparameters": {k: public[k] for k in ("n_epochs", "batch_size", "learning_rate_multiplier")},
+            "method": {"type": t, t: {"hyperparameters": public}}, "error": j["error"],
+            "integrations": [], "metadata": j["metadata"] or None, "suffix": j["suffix"]}
+
+
+def _event(e: dict) -> dict:
+    return {"id": e["id"], "object": "fine_tuning.job.event", "created_at": int(e["created"]), "level": e["level"],
+            "message": e["message"], "type": e["type"], "data": e["data"]}
+
+
+def _checkpoint(c: dict) -> dict:
+    return {"id": c["id"], "object": "fine_tuning.job.checkpoint", "created_at": int(c["created"]),
+            "fine_tuned_model_checkpoint": c["model_id"], "fine_tuning_job_id": c["job_id"],
+            "step_number": c["step"], "metrics": {k: v for k, v in c["metrics"].items() if k != "total_steps"}}
+
+
+def _page(items: list[dict], more: bool) -> dict:
+    return {"object": "list", "data": items, "has_more": more}
+
+
+def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str], body_json, validate,
+               error: type[Exception], trainable: Callable[[str, str], bool]) -> None:
+    """Mount the routes. `tenant_of(request)` authenticates; `trainable(tenant, model)` says whether
+    a job may start from `model`."""
+
+    def limit_of(request: Request) -> int:
+        raw = request.query_params.get("limit", "20")
+        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+            raise error(400, "limit must be an integer in 1..100", param="limit")
+        return int(raw)
+
+    # --- files -----------------------------------------------------------------------------
+    @app.post("/v1/files", openapi_extra=UPLOAD_BODY, responses=error_responses(400, 401, 413))
+    async def create_file(request: Request):
+        tenant = tenant_of(request)
+        try:
+            form = await request.form(max_part_size=MAX_FILE_BYTES)
+        except Exception as exc:  # noqa: BLE001 - Starlette's multipart errors, in OpenAI's error shape
+            raise error(400, f"the body is not a valid multipart form: {getattr(exc, 'detail', exc)}") from None
+        upload, purpose = form.get("file"), form.get("purpose")
+        if purpose not in ("fine-tune",):
+            raise error(400, f"purpose must be 'fine-tune' (got {purpose!r})", param="purpose")
+        if upload is None or isinstance(upload, str):
+            raise error(400, "a multipart 'file' field is required", param="file")
+        content = await upload.read()
+        try:
+            parsed = parse(content)
+            status, details, kind = "processed", None, parsed.kind
+        except FormatError as exc:
+            # kept, and said: the file is listed with the first bad line, nothing is lost
+            status, details, kind = "error", str(exc), None
+        f = await run_in_threadpool(store.add_file, tenant=tenant, filename=upload.filename or "upload.jsonl",
+                                    purpose=purpose, content=content, status=status, status_details=details,
+                                    kind=kind)
+        return _file(f)
+
+    @app.get("/v1/files", responses=error_responses(400, 401))
+    async def list_files(request: Request):
+        tenant = tenant_of(request)
+        rows, more = store.list_files(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+                                      purpose=request.query_params.get("purpose"))
+        return _page([_file(f) for f in rows], more)
+
+    def found(row: dict | None, what: str, param: str) -> dict:
+        """The row, or a 404 (also for another tenant's ids: they do not exist for this one)."""
+        if row is None:
+            raise error(404, f"No such {what}", param=param)
+        return row
+
+    def own_file(tenant: str, file_id: str) -> dict:
+        return found(store.get_file(tenant, file_id), f"File object: {file_id}", "id")
+
+    @app.get("/v1/files/{file_id}", responses=error_responses(401, 404))
+    async def get_file(file_id: str, request: Request):
+        return _file(own_file(tenant_of(request), file_id))
+
+    @app.get("/v1/files/{file_id}/content", responses={
+        200: {"description": "the file as uploaded", "content": {"application/octet-stream": {}}},
+        **error_responses(401, 404)})
+    async def file_content(file_id: str, request: Request):
+        tenant = tenant_of(request)
+        own_file(tenant, file_id)
+        return Response(store.file_content(tenant, file_id), media_type="application/octet-stream")
+
+    @app.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
+    async def delete_file(file_id: str, request: Request):
+        tenant = tenant_of(request)
+        own_file(tenant, file_id)
+        store.delete_file(tenant, file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # --- jobs ------------------------------------------------------------------------------
+    def check_create(tenant: str, body: JobCreate) -> tuple[str, dict, int]:
+        method = body.method.type if body.method else "supervised"
+        options = getattr(body.method, method) if body.method else None
+        given = {**(body.hyperparameters.model_dump(exclude_none=True) if body.hyperparameters else {}),
+                 **(options.hyperparameters.model_dump(exclude_none=True) if options and options.hyperparameters
+                    else {})}
+        if not trainable(tenant, body.model):
+            raise error(404, f"model {body.model!r} is not a base model this server trains or one of your "
+                        "fine-tuned models", param="model")
+        n = 0
+        for param in ("training_file", "validation_file"):
+            fid = getattr(body, param)
+            if fid is None:
+                continue
+            f = found(store.get_file(tenant, fid), f"File object: {fid}", param)
+            # the request is well-formed; the file it names is not fit for it (409, as OpenAI's state errors)
+            if f["status"] != "processed":
+                raise error(409, f"file {fid} is not a valid training file: {f['status_details']}", param=param)
+            if f["kind"] != method:
+                raise error(409, f"file {fid} holds {f['kind']} examples; method {method} needs {method} ones",
+                            param=param)
+            if param == "training_file":
+                n = len(parse(store.file_content(tenant, fid)).rows)
+        try:
+            hp = resolve(method, given, n)
+        except ValueError as exc:       # the schema bounds each value; this is a combination
+            raise error(409, f"hyperparameters: {exc}", param="hyperparameters") from None
+        return method, {"resolved": hp.__dict__, "public": hp.public(method)}, n
+
+    @app.post("/v1/fine_tuning/jobs", openapi_extra=json_body(JobCreate),
+              responses=error_responses(400, 401, 404, 409, 413))
+    async def create_job(request: Request):
+        tenant = tenant_of(request)
+        body: JobCreate = validate(JobCreate, await body_json(request))
+        method, hyper, _ = await run_in_threadpool(check_create, tenant, body)
+        job = store.add_job(tenant=tenant, model=body.model, training_file=body.training_file,
+                            validation_file=body.validation_file, suffix=body.suffix,
+                            seed=body.seed if body.seed is not None else int(time.time()) % 2**31,
+                            metadata=body.metadata or {}, method={"type": method}, hyperparameters=hyper)
+        return _job(job)
+
+    @app.post("/v1/fine_tuning/jobs/estimate", openapi_extra=json_body(JobCreate),
+              responses=error_responses(400, 401, 404, 409, 413))
+    async def estimate(request: Request):
+        """Trained tokens of a job before it runs (its examples x epochs), and its cost at the
+        throughput this server's trainer measured, when it has finished a job."""
+        tenant = tenant_of(request)
+        body: JobCreate = validate(JobCreate, await body_json(request))
+        method, hyper, _ = await run_in_threadpool(check_create, tenant, body)
+        tokens = await run_in_threadpool(_tokens_of, store, tenant, body.training_file, method)
+        trained = tokens * hyper["resolved"]["n_epochs"]
+        rate = store.fine_tuning_rate()
+        out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
+               "hyperparameters": hyper["public"]}
+        if rate is not None:
+            out.update(estimated_seconds=trained / rate["tokens_per_second"],
+                       estimated_dollars=trained * rate["dollars_per_token"],
+                       basis=f"{rate['jobs']} finished jobs on this server")
+        return out
+
+    @app.get("/v1/fine_tuning/jobs", responses=error_responses(400, 401))
+    async def list_jobs(request: Request):
+        tenant = tenant_of(request)
+        meta = {k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
+        rows, more = store.list_jobs(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+                                     metadata=meta or None)
+        return _page([_job(j) for j in rows], more)
+
+    def own_job(tenant: str, job_id: str) -> dict:
+        return found(store.get_job(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
+
+    @app.get("/v1/fine_tuning/jobs/{job_id}", responses=error_responses(401, 404))
+    async def get_job(job_id: str, request: Request):
+        return _job(own_job(tenant_of(request), job_id))
+
+    # action -> (statuses it applies to, new status, event message)
+    ACTIONS = {"cancel": (("validating_files", "queued", "running", "paused"), "cancelled", "Job cancelled"),
+               "pause": (("queued", "running"), "paused", "Job paused"),
+               "resume": (("paused",), "queued", "Job resumed")}
+
+    def act(action: str):
+        allowed, new, message = ACTIONS[action]
+
+        async def route(job_id: str, request: Request):
+            tenant = tenant_of(request)
+            own_job(tenant, job_id)
+            extra = {"finished_at": time.time()} if new == "cancelled" else {}
+            if not store.update_job(job_id, status=new, when_status=allowed,
+                                    event=("info", message, "message", {}), **extra):
+                raise error(409, f"cannot {action} a job that is {store.get_job(tenant, job_id)['status']}",
+                            param="fine_tuning_job_id")
+            return _job(own_job(tenant, job_id))
+        return route
+
+    for action in ACTIONS:
+        app.post(f"/v1/fine_tuning/jobs/{{job_id}}/{action}", name=f"{action}_job",
+                 responses=error_responses(401, 404, 409))(act(action))
+
+    @app.get("/v1/fine_tuning/jobs/{job_id}/events", responses=error_responses(400, 401, 404))
+    async def events(job_id: str, request: Request):
+        tenant = tenant_of(request)
+        own_job(tenant, job_id)
+        rows, more = store.job_events(job_id, after=request.query_params.get("after"), limit=limit_of(request))
+        return _page([_event(e) for e in rows], more)
+
+    @app.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", responses=error_responses(400, 401, 404))
+    async def checkpoints(job_id: str, request: Request):
+        tenant = tenant_of(request)
+        own_job(tenant, job_id)
+        rows, more = store.job_checkpoints(job_id, after=request.query_params.get("after"), limit=limit_of(request))
+        return _page([_checkpoint(c) for c in rows], more)
+
+
+def _tokens_of(store: Store, tenant: str, file_id: str, method: str) -> int:
+    """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
+    other tokenizers)."""
+    from ..bases.nano import nano_tokenizer
+    from ..finetune.methods import completion_example, sft_example
+
+    tok = nano_tokenizer()
+    rows = parse(store.file_content(tenant, file_id)).rows
+    if method == "supervised":
+        return sum(len(sft_example(tok, r)[0]) for r in rows)
+    return sum(len(completion_example(tok, r["input"]["messages"], r[k], r["input"].get("tools"))[0])
+               for r in rows for k in ("preferred_output", "non_preferred_output"))
+
+
+__all__ = ["BASE_LR", "STATUSES", "add_routes"]

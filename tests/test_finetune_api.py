@@ -1,0 +1,257 @@
+"""The fine-tuning API end to end: a real `gymloop serve` (a thread), the official `openai`
+client unchanged, real training jobs on a tiny model in the server's worker."""
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from openai import NotFoundError, OpenAI
+
+from gymloop.serve import ServeConfig, build, shutdown
+
+from conftest import running_server
+
+KEY, OTHER = "sk-tenant-a", "sk-tenant-b"
+
+
+def _jsonl(rows) -> bytes:
+    return "\n".join(json.dumps(r) for r in rows).encode() + b"\n"
+
+
+def sft_rows(n=24):
+    return [{"messages": [{"role": "user", "content": f"{i % 7}+1="},
+                          {"role": "assistant", "content": str(i % 7 + 1)}]} for i in range(n)]
+
+
+def dpo_rows(n=16):
+    return [{"input": {"messages": [{"role": "user", "content": f"{i % 5}+2="}]},
+             "preferred_output": [{"role": "assistant", "content": str(i % 5 + 2)}],
+             "non_preferred_output": [{"role": "assistant", "content": "9"}]} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("ft")
+    cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(root / "store.db"), api_keys=[KEY, OTHER],
+                      jobs_dir=str(root / "jobs"), checkpoint_every=2, poll_s=0.2)
+    app, batcher, store = build(cfg)
+    with running_server(app) as base:
+        yield {"base": base, "store": store, "app": app}
+    shutdown(app)
+
+
+@pytest.fixture()
+def client(server):
+    return OpenAI(base_url=server["base"] + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture()
+def other(server):
+    return OpenAI(base_url=server["base"] + "/v1", api_key=OTHER, max_retries=0)
+
+
+def upload(client, rows_or_bytes, name="train.jsonl"):
+    data = rows_or_bytes if isinstance(rows_or_bytes, bytes) else _jsonl(rows_or_bytes)
+    return client.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune")
+
+
+def wait(client, job_id, statuses=("succeeded", "failed", "cancelled"), timeout=120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in statuses:
+            return job
+        time.sleep(0.2)
+    others = [(j.id, j.status) for j in client.fine_tuning.jobs.list(limit=100)]
+    raise AssertionError(f"job {job_id} still {job.status} (jobs: {others})")
+
+
+def test_files_are_validated_on_upload_and_kept(client):
+    f = upload(client, sft_rows(3))
+    assert f.status == "processed" and f.purpose == "fine-tune" and f.bytes == len(_jsonl(sft_rows(3)))
+    assert client.files.retrieve(f.id).id == f.id
+    assert client.files.content(f.id).read() == _jsonl(sft_rows(3))
+    assert f.id in [x.id for x in client.files.list()]
+    bad = {
+        b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n{oops\n':
+            "line 2: not JSON",
+        _jsonl(sft_rows(2) + [{"messages": [{"role": "user", "content": "no answer"}]}]):
+            "line 3: no assistant message",
+        _jsonl([{"messages": [{"role": "hacker", "content": "x"}, {"role": "assistant", "content": "y"}]}]):
+            "line 1: messages[0]: unknown role 'hacker'",
+        _jsonl(dpo_rows(1) + [{k: v for k, v in dpo_rows(1)[0].items() if k != "non_preferred_output"}]):
+            "line 2: missing non_preferred_output",
+    }
+    for data, message in bad.items():
+        f = upload(client, data)
+        assert f.status == "error" and f.status_details.startswith(message), f.status_details
+        assert client.files.content(f.id).read() == data             # kept as sent
+        with pytest.raises(Exception, match="not a valid training file"):
+            client.fine_tuning.jobs.create(model="tiny", training_file=f.id)
+    gone = upload(client, sft_rows(1))
+    assert client.files.delete(gone.id).deleted
+    with pytest.raises(NotFoundError):
+        client.files.retrieve(gone.id)
+
+
+def test_a_supervised_job_trains_reports_and_serves_its_model(client, other):
+    f = upload(client, sft_rows())
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="plus1", seed=3,
+                                         metadata={"team": "a"},
+                                         method={"type": "supervised", "supervised": {"hyperparameters": {
+                                             "n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 3}}})
+    assert job.status == "queued" and job.seed == 3 and job.hyperparameters.n_epochs == 2
+    assert job.organization_id and job.result_files == [] and job.method.type == "supervised"
+    done = wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model.startswith("ft:tiny:") and ":plus1:" in done.fine_tuned_model
+    assert done.trained_tokens > 0 and done.finished_at >= done.created_at
+    events = list(client.fine_tuning.jobs.list_events(done.id, limit=100))
+    assert events[0].message == "The job has successfully completed"            # newest first
+    steps = [e.data["step"] for e in events if e.type == "metrics"]
+    assert steps == sorted(steps, reverse=True) and max(steps) == 12              # 24 rows / 4 x 2 epochs
+    assert all("train_loss" in e.data for e in events if e.type == "metrics")
+    ckpts = list(client.fine_tuning.jobs.checkpoints.list(done.id))
+    assert [c.step_number for c in ckpts] == [12, 10, 8, 6, 4, 2] and ckpts[0].id.startswith("ftckpt")
+    assert ckpts[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-12"
+    csv = client.files.content(done.result_files[0]).read().decode().splitlines()
+    assert csv[0].startswith("step,") and len(csv) == 13
+    assert [j.id for j in client.fine_tuning.jobs.list(metadata={"team": "a"})] == [done.id]
+    # the model, listed and served by id (and a checkpoint too)
+    assert done.fine_tuned_model in [m.id for m in client.models.list()]
+    for model in (done.fine_tuned_model, ckpts[-1].fine_tuned_model_checkpoint):
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "3+1="}], max_tokens=3)
+        assert r.model == model and r.choices[0].message.content is not None
+    # another tenant sees none of it
+    assert done.fine_tuned_model not in [m.id for m in other.models.list()]
+    for call in (lambda: other.fine_tuning.jobs.retrieve(done.id), lambda: other.files.retrieve(f.id),
+                 lambda: other.fine_tuning.jobs.list_events(done.id),
+                 lambda: other.chat.completions.create(model=done.fine_tuned_model,
+                                                      messages=[{"role": "user", "content": "x"}])):
+        with pytest.raises(NotFoundError):
+            call()
+    assert other.fine_tuning.jobs.list().data == []
+    # continued training from the fine-tuned model
+    more = client.fine_tuning.jobs.create(model=done.fine_tuned_model, training_file=f.id,
+                                          method={"type": "supervised",
+                                                  "supervised": {"hyperparameters": {"n_epochs": 1}}})
+    assert wait(client, more.id).status == "succeeded"
+
+
+def test_a_dpo_job(client):
+    f = upload(client, dpo_rows())
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 2, "batch_size": 4}}})
+    assert job.method.type == "dpo" and job.method.dpo.hyperparameters.beta == 0.2
+    done = wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    metrics = [e.data for e in client.fine_tuning.jobs.list_events(done.id, limit=100) if e.type == "metrics"]
+    assert len(metrics) == 8 and all("reward_margin" in m for m in metrics)
+    # a supervised file is not a DPO one
+    sft = upload(client, sft_rows(4))
+    with pytest.raises(Exception, match="needs dpo"):
+        client.fine_tuning.jobs.create(model="tiny", training_file=sft.id, method={"type": "dpo"})
+
+
+def events_of(client, job_id):
+    return [e.message for e in client.fine_tuning.jobs.list_events(job_id, limit=100)]
+
+
+def test_cancel_pause_and_resume(client):
+    f = upload(client, sft_rows(64))
+    # long enough (64k steps) never to finish during the test: it is cancelled
+    hp = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1000, "batch_size": 1}}}
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method=hp)
+    wait(client, job.id, ("running",))
+    paused = client.fine_tuning.jobs.pause(job.id)
+    assert paused.status == "paused"
+    with pytest.raises(Exception, match="cannot pause"):
+        client.fine_tuning.jobs.pause(job.id)
+    end = time.monotonic() + 30                          # the worker stops at its next step
+    while not any(m.startswith("Paused at step") for m in events_of(client, job.id)):
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    resumed = client.fine_tuning.jobs.resume(job.id)
+    assert resumed.status == "queued"
+    wait(client, job.id, ("running",))
+    cancelled = client.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "cancelled"
+    time.sleep(1.0)
+    final = client.fine_tuning.jobs.retrieve(job.id)
+    assert final.status == "cancelled" and final.fine_tuned_model is None
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+    assert "Job paused" in messages and "Job resumed" in messages and "Job cancelled" in messages
+    assert any(m.startswith("Resumed from the checkpoint at step") for m in messages)
+
+
+def test_bad_requests_are_clear(client):
+    with pytest.raises(NotFoundError, match="No such File"):
+        client.fine_tuning.jobs.create(model="tiny", training_file="file-nope")
+    f = upload(client, sft_rows(4))
+    with pytest.raises(NotFoundError, match="not a base model"):
+        client.fine_tuning.jobs.create(model="gpt-17", training_file=f.id)
+    with pytest.raises(Exception, match="method.type"):
+        client.fine_tuning.jobs.create(model="tiny", training_file=f.id,
+                                       method={"type": "reinforcement", "reinforcement": {}})
+
+
+def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_model_dir):
+    """The serving process is killed (SIGKILL) mid-job; a restarted server's worker resumes the
+    job from its newest checkpoint, the job succeeds, and the ledger holds its cost once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from gymloop.serve.background import free_port
+    from gymloop.store import Store
+
+    db, port = tmp_path / "store.db", free_port()
+    cmd = [sys.executable, "-m", "gymloop.cli", "serve", "--model", str(tiny_model_dir), "--model-name", "tiny",
+           "--db", str(db), "--api-key", KEY, "--port", str(port), "--checkpoint-every", "5"]
+
+    def start():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                return proc
+            except httpx.HTTPError:
+                assert proc.poll() is None, "the server exited"
+                time.sleep(0.2)
+        raise AssertionError("the server did not start")
+
+    proc = start()
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    try:
+        f = upload(client, sft_rows(64))
+        job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 40, "batch_size": 2}}})
+        end = time.monotonic() + 60
+        while not list(client.fine_tuning.jobs.checkpoints.list(job.id)):      # a checkpoint exists
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        store = Store(db)
+        killed_at = store.get_job(None, job.id)
+        assert killed_at["status"] == "running"
+        client_step = max(c["step"] for c in store.job_checkpoints(job.id)[0])
+        proc = start()
+        done = wait(client, job.id, timeout=300)
+        assert done.status == "succeeded", done.error
+        messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+        resumed = [m for m in messages if m.startswith("Resumed from the checkpoint at step")]
+        assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) >= client_step
+        assert client.files.content(f.id).read() == _jsonl(sft_rows(64))             # nothing lost
+        rows = [r for r in Store(db).ledger_rows("fine_tuning") if r["run_id"] == job.id]
+        assert len(rows) == 1 and rows[0]["trained_tokens"] == done.trained_tokens > 0 and rows[0]["dollars"] > 0
+        assert done.fine_tuned_model in [m.id for m in client.models.list()]
+    finally:
+        proc.kill()
+        proc.wait(10)
