@@ -255,3 +255,42 @@ def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_mod
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_graders_run_through_the_client(client):
+    """string_check, text_similarity, python (in the sandbox), multi with a formula; a grader
+    that fails reports its error, never a reward of 0 passed off as a grade."""
+    run = client.fine_tuning.alpha.graders.run
+    check = {"type": "string_check", "name": "eq", "input": "{{sample.output_text}}", "reference": "{{item.answer}}",
+             "operation": "eq"}
+    assert run(grader=check, model_sample="42", item={"answer": "42"}).reward == 1.0
+    assert run(grader=check, model_sample="41", item={"answer": "42"}).reward == 0.0
+    like = {**check, "operation": "ilike", "reference": "QUICK"}
+    assert run(grader=like, model_sample="the quick fox").reward == 1.0
+    fuzzy = {"type": "text_similarity", "name": "f", "input": "{{sample.output_text}}", "reference": "{{item.ref}}",
+             "evaluation_metric": "fuzzy_match"}
+    r = run(grader=fuzzy, model_sample="kitten", item={"ref": "sitting"})
+    # rapidfuzz's ratio: 1 - indel distance / total length; LCS "ittn" = 4, distance 6 + 7 - 8 = 5
+    assert r.reward == pytest.approx(1 - 5 / 13, abs=1e-6)
+    same = {**fuzzy, "evaluation_metric": "bleu"}
+    assert run(grader=same, model_sample="the cat sat on the mat", item={"ref": "the cat sat on the mat"}).reward == 1.0
+    rouge = {**fuzzy, "evaluation_metric": "rouge_l"}
+    # LCS of "the cat sat on mat" and "the cat on the mat" is "the cat on mat": P = R = 4/5, F = 4/5
+    r = run(grader=rouge, model_sample="the cat sat on mat", item={"ref": "the cat on the mat"})
+    assert r.reward == pytest.approx(0.8, abs=1e-6)
+    py = {"type": "python", "name": "len", "source": "def grade(sample, item):\n"
+          "    return min(1.0, len(sample['output_text']) / item['n'])\n"}
+    assert run(grader=py, model_sample="abc", item={"n": 6}).reward == 0.5
+    boom = {**py, "source": "def grade(sample, item):\n    raise RuntimeError('no')\n"}
+    r = run(grader=boom, model_sample="abc", item={"n": 6})
+    assert r.metadata.errors.python_grader_runtime_error and r.reward == 0.0
+    escape = {**py, "source": "import os\ndef grade(sample, item):\n    return float(os.path.exists('/etc/shadow'))\n"}
+    assert run(grader=escape, model_sample="x", item={}).reward == 0.0         # the sandbox sees no host files
+    multi = {"type": "multi", "name": "m", "graders": {"a": check, "b": py}, "calculate_output": "0.5 * a + 0.5 * b"}
+    r = run(grader=multi, model_sample="42", item={"answer": "42", "n": 4})
+    assert r.reward == pytest.approx(0.75) and r.sub_rewards == {"a": 1.0, "b": 0.5}
+    evil = {**multi, "calculate_output": "__import__('os').system('true')"}
+    r = run(grader=evil, model_sample="42", item={"answer": "42", "n": 4})
+    assert r.metadata.errors.formula_parse_error and r.reward == 0.0
+    missing = run(grader=check, model_sample="42", item={})
+    assert missing.metadata.errors.invalid_variable_error

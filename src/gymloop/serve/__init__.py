@@ -52,6 +52,8 @@ def shutdown(app) -> None:
     if worker is not None:
         worker.stop()
     app.state.pool.close()
+    if hasattr(app.state, "close_graders"):
+        app.state.close_graders()
     app.state.batcher.close()
     app.state.serving_ledger.flush()
 

@@ -73,6 +73,15 @@ class JobCreate(BaseModel):
                                             "the job's events and its results file).")
 
 
+class GraderRun(BaseModel):
+    """POST /v1/fine_tuning/alpha/graders/run."""
+
+    model_config = ConfigDict(extra="forbid")
+    grader: dict = Field(description="A grader object (string_check, text_similarity, python, multi).")
+    model_sample: str = Field(description="The model output the grader scores ({{sample.output_text}}).")
+    item: dict | None = Field(None, description="The data item ({{item.<field>}}).")
+
+
 def _file(f: dict) -> dict:
     return {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": int(f["created"]),
             "filename": f["filename"], "purpose": f["purpose"], "status": f["status"],
@@ -178,6 +187,34 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         own_file(tenant, file_id)
         store.delete_file(tenant, file_id)
         return {"id": file_id, "object": "file", "deleted": True}
+
+    # --- graders ---------------------------------------------------------------------------
+    sandbox: list = []          # the python graders' sandbox pool, made on first use
+
+    def run_python(source: str, sample: dict, item: dict) -> float:
+        """grade(sample, item) in gymloop's sandbox, never in this process."""
+        from ..envs.jsonl import grade_program, score_from_grade
+        from ..finetune.graders import GraderError
+        from ..sandbox import Limits, Pool
+
+        if not sandbox:
+            sandbox.append(Pool(slots=2, limits=Limits(timeout_s=10.0, memory_mb=512)))
+        score = score_from_grade(sandbox[0].run(source=grade_program(source, sample, item)))
+        if score.error:
+            raise GraderError(score.error, "python_grader_runtime_error")
+        return score.reward
+
+    app.state.close_graders = lambda: [p.close() for p in sandbox]
+
+    @app.post("/v1/fine_tuning/alpha/graders/run", openapi_extra=json_body(GraderRun),
+              responses=error_responses(400, 401, 413))
+    async def run_grader(request: Request):
+        """The reward a grader gives a sample; a grader that fails says so in metadata.errors."""
+        from ..finetune.graders import run
+
+        tenant_of(request)
+        body: GraderRun = validate(GraderRun, await body_json(request))
+        return await run_in_threadpool(run, body.grader, body.model_sample, body.item or {}, run_python)
 
     # --- jobs ------------------------------------------------------------------------------
     def check_create(tenant: str, body: JobCreate) -> tuple[str, dict, int]:
