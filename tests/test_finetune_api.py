@@ -294,3 +294,58 @@ def test_graders_run_through_the_client(client):
     assert r.metadata.errors.formula_parse_error and r.reward == 0.0
     missing = run(grader=check, model_sample="42", item={})
     assert missing.metadata.errors.invalid_variable_error
+
+
+def test_traces_export_as_training_files(server, client, capsys, tmp_path):
+    """Production answers with verifier feedback -> sft / dpo / rft files the API accepts."""
+    import httpx
+
+    from gymloop.cli import main
+    from gymloop.finetune.formats import parse
+
+    base = server["base"]
+    for i, (reward, temp) in enumerate([(1.0, 0.0), (0.0, 1.5), (1.0, 0.0)]):
+        r = httpx.post(base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 3,
+                             "temperature": temp, "seed": i})
+        tid = r.headers["x-gymloop-trace-id"]
+        httpx.post(base + "/v1/feedback", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"trace_id": tid, "reward": reward, "task": {"env": "arith", "task_id": "t:2+2"}})
+    db = server["app"].state.store.path
+    files = {}
+    for fmt in ("sft", "dpo", "rft"):
+        out = tmp_path / f"{fmt}.jsonl"
+        assert main(["traces", "export", "--db", str(db), "--format", fmt, "--out", str(out)]) == 0
+        files[fmt] = out.read_bytes()
+        assert '"examples"' in capsys.readouterr().err
+    sft = parse(files["sft"])
+    assert sft.kind == "supervised" and len(sft.rows) >= 2
+    assert all(r["messages"][-1]["role"] == "assistant" for r in sft.rows)
+    dpo_rows = parse(files["dpo"]).rows
+    rft_rows = parse(files["rft"]).rows
+    assert parse(files["rft"]).kind == "reinforcement"
+    assert any(r.get("task_id") == "t:2+2" for r in rft_rows)
+    assert len(dpo_rows) <= 1                 # one prompt: at most one pair (its best vs its worst answer)
+    # and the API takes the exported file as a job's training file
+    f = upload(client, files["sft"])
+    assert f.status == "processed"
+
+
+def test_dpo_export_pairs_the_best_and_the_worst_answer_of_a_task():
+    from gymloop.finetune.export import export
+    from gymloop.finetune.formats import parse
+
+    def trace(answer, reward, task="a:1"):
+        return {"request": {"messages": [{"role": "user", "content": "q"}]}, "reward": reward, "env": "arith",
+                "env_version": None, "task_id": task,
+                "response": {"choices": [{"message": {"role": "assistant", "content": answer}}]}}
+
+    traces = [trace("good", 1.0), trace("meh", 0.5), trace("bad", 0.0), trace("same", 1.0, "a:2"),
+              trace("same", 0.0, "a:2"), trace("only", 1.0, "a:3")]
+    rows = parse(export(traces, "dpo")).rows
+    assert [(r["preferred_output"][0]["content"], r["non_preferred_output"][0]["content"]) for r in rows] == \
+        [("good", "bad")]                   # a:2's answers are the same text; a:3 has one answer
+    assert [r["messages"][-1]["content"] for r in parse(export(traces, "sft")).rows] == ["good", "same", "only"]
+    assert len(parse(export(traces, "rft")).rows) == 3          # one per task
+    with pytest.raises(ValueError, match="unknown export format"):
+        export(traces, "kto")

@@ -248,6 +248,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_traces(args: argparse.Namespace) -> int:
+    from .finetune.export import export
+    from .store import Store
+
+    data = export(Store(args.db).graded_traces(), args.format)
+    if args.out:
+        with open(args.out, "wb") as f:
+            f.write(data)
+    else:
+        sys.stdout.buffer.write(data)
+    print(json.dumps({"format": args.format, "examples": data.count(b"\n"), "out": args.out}), file=sys.stderr)
+    return 0
+
+
 def cmd_algorithms(args: argparse.Namespace) -> int:
     from .algorithms import table
 
@@ -375,6 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("version", type=int)
     rb.add_argument("--db", default="gymloop.db")
     rb.set_defaults(fn=cmd_rollback)
+
+    tr = sub.add_parser("traces", help="production traces as training data")
+    trs = tr.add_subparsers(dest="traces_command", required=True)
+    ex = trs.add_parser("export", help="traces with feedback as a fine-tuning file (sft, dpo or rft JSONL)")
+    ex.add_argument("--db", default="gymloop.db")
+    ex.add_argument("--format", required=True, choices=["sft", "dpo", "rft"])
+    ex.add_argument("--out", default=None, help="file to write (default: standard output)")
+    ex.set_defaults(fn=cmd_traces)
 
     sub.add_parser("algorithms", help="list the advantage estimators, losses, corrections and "
                    "aggregations a config can name").set_defaults(fn=cmd_algorithms)

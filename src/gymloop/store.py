@@ -263,6 +263,15 @@ class Store:
         """Distinct tasks production got right (reward 1): replayed so old skills are kept."""
         return self._feedback_tasks("reward >= 1", limit)
 
+    def graded_traces(self) -> list[dict]:
+        """Every trace with feedback that has a reward: its request and response, and its latest
+        verdict (reward, env, env_version, task_id), oldest first."""
+        rows = self._conn().execute(
+            "SELECT t.id, t.request, t.response, f.reward, f.env, f.env_version, f.task_id FROM traces t "
+            "JOIN feedback f ON f.trace_id = t.id WHERE f.reward IS NOT NULL AND f.id = "
+            "(SELECT MAX(id) FROM feedback WHERE trace_id = t.id AND reward IS NOT NULL) ORDER BY t.created").fetchall()
+        return [_row(r, ("request", "response")) for r in rows]
+
     def _feedback_tasks(self, condition: str, limit: int) -> list[dict]:
         rows = self._conn().execute(
             "SELECT env, env_version, task_id, MAX(created) AS last FROM feedback "
