@@ -92,28 +92,27 @@ def main() -> None:
             "grpo": cfg.grpo.model_copy(update={"steps": args.arith_steps}),
             "eval": EvalConfig(tasks=300, every=25, max_new_tokens=6)})
 
+    def variants(label: str, cfg, target: float, title: str) -> dict:
+        """Every variant from one config: their table printed, their results returned."""
+        rows, results = [HEAD], {}
+        for name, over in VARIANTS.items():
+            s = run(cfg, over)
+            results[name] = {k: s[k] for k in ("base", "final", "pass1_curve", "phase_seconds")}
+            rows.append(row(name, s, target))
+            print(f"  {label} {name}: {s['final']['pass1']:.3f}", flush=True)
+        print(f"\n{title}, target {target:.0%}")
+        print(common.table(rows), flush=True)
+        return results
+
     if args.only in (None, "variants"):
         for base in args.bases.split(","):
-            rows = [HEAD]
-            for name, over in VARIANTS.items():
-                s = run(arith(base), over)
-                out["arith"].setdefault(base, {})[name] = {k: s[k] for k in ("base", "final", "pass1_curve", "phase_seconds")}
-                rows.append(row(name, s, args.arith_target))
-                print(f"  {base} {name}: {s['final']['pass1']:.3f}", flush=True)
-            print(f"\narithmetic from {base}: {args.arith_steps} steps x 32 prompts x 8, lr 2e-4, 300 held-out "
-                  f"tasks, target {args.arith_target:.0%}")
-            print(common.table(rows), flush=True)
+            out["arith"][base] = variants(base, arith(base), args.arith_target,
+                                          f"arithmetic from {base}: {args.arith_steps} steps x 32 prompts x 8, "
+                                          "lr 2e-4, 300 held-out tasks")
     if args.only in (None, "tools"):
-        rows = [HEAD]
-        for name, over in VARIANTS.items():
-            cfg = tools_config(tmp, version=1, steps=args.tools_steps)
-            s = run(cfg, over)
-            out["tools"][name] = {k: s[k] for k in ("base", "final", "pass1_curve", "phase_seconds")}
-            rows.append(row(name, s, args.tools_target))
-            print(f"  tools {name}: {s['final']['pass1']:.3f}", flush=True)
-        print(f"\ntools@v1 (no schemas) from nano-tools: {args.tools_steps} steps x 16 prompts x 8, lr 2e-4, "
-              f"64 held-out tasks, target {args.tools_target:.0%}")
-        print(common.table(rows), flush=True)
+        out["tools"] = variants("tools", tools_config(tmp, version=1, steps=args.tools_steps), args.tools_target,
+                                f"tools@v1 (no schemas) from nano-tools: {args.tools_steps} steps x 16 prompts x 8, "
+                                "lr 2e-4, 64 held-out tasks")
     if args.only in (None, "corrections"):
         rows = [["run", "base", "final", "gain pts", "steps to target", "train s to target", "train s",
                  "mismatch KL", "masked"]]

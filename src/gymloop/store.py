@@ -68,7 +68,7 @@ MIGRATIONS: list[str] = [
         seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL,
         created REAL NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes INTEGER NOT NULL,
         status TEXT NOT NULL CHECK (status IN ('uploaded', 'processed', 'error')), status_details TEXT,
-        kind TEXT, content BLOB NOT NULL);
+        kind TEXT, examples INTEGER, content BLOB NOT NULL);
     CREATE TABLE ft_jobs (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant TEXT NOT NULL,
         created REAL NOT NULL, status TEXT NOT NULL CHECK (status IN ('validating_files', 'queued', 'running',
@@ -432,18 +432,18 @@ class Store:
     # --- the fine-tuning service: files, jobs, their events and checkpoints -------------------
     # Every row names its tenant (the API key's id); a lookup with another tenant finds nothing.
     def add_file(self, *, tenant: str, filename: str, purpose: str, content: bytes, status: str,
-                 status_details: str | None, kind: str | None) -> dict:
+                 status_details: str | None, kind: str | None, examples: int | None = None) -> dict:
         fid = f"file-{uuid.uuid4().hex[:24]}"
         with self.tx() as c:
             c.execute("INSERT INTO files (id, tenant, created, filename, purpose, bytes, status, status_details, "
-                      "kind, content) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      "kind, examples, content) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                       (fid, tenant, time.time(), filename, purpose, len(content), status, status_details, kind,
-                       content))
+                       examples, content))
         return self.get_file(tenant, fid)
 
     def get_file(self, tenant: str, file_id: str) -> dict | None:
         row = self._conn().execute("SELECT id, seq, tenant, created, filename, purpose, bytes, status, "
-                                   "status_details, kind FROM files WHERE id = ? AND tenant = ?",
+                                   "status_details, kind, examples FROM files WHERE id = ? AND tenant = ?",
                                    (file_id, tenant)).fetchone()
         return None if row is None else dict(row)
 
@@ -454,7 +454,7 @@ class Store:
 
     def list_files(self, tenant: str, *, after: str | None = None, limit: int = 20,
                    purpose: str | None = None) -> tuple[list[dict], bool]:
-        return self._page("files", "id, seq, tenant, created, filename, purpose, bytes, status, status_details, kind",
+        return self._page("files", "id, seq, tenant, created, filename, purpose, bytes, status, status_details, kind, examples",
                           tenant, after, limit, ("purpose", purpose))
 
     def delete_file(self, tenant: str, file_id: str) -> bool:

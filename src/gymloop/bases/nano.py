@@ -262,7 +262,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
     final = curve[-1]["pass1"] if curve else None
     stats = {"steps": step, "seconds": time.perf_counter() - t0,
              "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-             "parameters": count_parameters(model)[0], "active_parameters": count_parameters(model)[1],
+             **dict(zip(("parameters", "active_parameters"), count_parameters(model))),
              "seed": cfg.seed, "target_pass1": cfg.target_pass1, "probe_pass1": final,
              "target_reached": None if cfg.target_pass1 is None else final is not None and final >= cfg.target_pass1,
              "probe_curve": curve}

@@ -45,7 +45,8 @@ def _worker_gone(worker: str | None, heartbeat: float | None, now: float) -> boo
 
 def model_id(job: dict) -> str:
     """ft:<base>:<tenant>:<suffix>:<job> (OpenAI's shape; the tenant stands for the organisation)."""
-    base = Path(job["base_name"]).name if job.get("base_name") else job["model"]
+    model = job["model"]     # a base name, or an ft: id / checkpoint of one (continued training)
+    base = model.split(":")[1] if model.startswith("ft:") else Path(model).name
     return f"ft:{base}:{job['tenant']}:{job['suffix'] or ''}:{job['id'].removeprefix('ftjob-')[:8]}"
 
 

@@ -152,7 +152,7 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 
 def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
     app = FastAPI(title="gymloop", version="0.1.0")
-    name = cfg.served_name()
+    name = base_name = cfg.served_name()      # chat() rebinds `name` to the model a request names
     keys = set(cfg.api_keys) | {k for k in os.environ.get("GYMLOOP_API_KEYS", "").split(",") if k}
     metrics = Metrics()
     app.state.store, app.state.batcher, app.state.metrics = store, batcher, metrics
@@ -267,7 +267,9 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         t0 = time.perf_counter()
         key_id, tenant = authenticate(request)
         req: ChatRequest = validate(ChatRequest, await body_json(request))
-        batcher, tok, name = await run_in_threadpool(served, req.model, tenant)
+        # the base model is at hand; a fine-tuned one may have to be loaded first (off the event loop)
+        batcher, tok, name = (served(req.model, tenant) if req.model == base_name
+                              else await run_in_threadpool(served, req.model, tenant))
         for field in ("max_tokens", "max_completion_tokens"):     # each, even the one not used
             value = getattr(req, field)
             if value is not None and value > cfg.max_tokens_limit:

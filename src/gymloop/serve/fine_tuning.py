@@ -144,13 +144,13 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         content = await upload.read()
         try:
             parsed = parse(content)
-            status, details, kind = "processed", None, parsed.kind
+            status, details, kind, examples = "processed", None, parsed.kind, len(parsed.rows)
         except FormatError as exc:
             # kept, and said: the file is listed with the first bad line, nothing is lost
-            status, details, kind = "error", str(exc), None
+            status, details, kind, examples = "error", str(exc), None, None
         f = await run_in_threadpool(store.add_file, tenant=tenant, filename=upload.filename or "upload.jsonl",
                                     purpose=purpose, content=content, status=status, status_details=details,
-                                    kind=kind)
+                                    kind=kind, examples=examples)
         return _file(f)
 
     @app.get("/v1/files", responses=error_responses(400, 401))
@@ -239,7 +239,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
                 raise error(409, f"file {fid} holds {f['kind']} examples; method {method} needs {method} ones",
                             param=param)
             if param == "training_file":
-                n = len(parse(store.file_content(tenant, fid)).rows)
+                n = f["examples"]
         try:
             hp = resolve(method, given, n)
         except ValueError as exc:       # the schema bounds each value; this is a combination
@@ -315,19 +315,17 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         app.post(f"/v1/fine_tuning/jobs/{{job_id}}/{action}", name=f"{action}_job",
                  responses=error_responses(401, 404, 409))(act(action))
 
-    @app.get("/v1/fine_tuning/jobs/{job_id}/events", responses=error_responses(400, 401, 404))
-    async def events(job_id: str, request: Request):
-        tenant = tenant_of(request)
-        own_job(tenant, job_id)
-        rows, more = store.job_events(job_id, after=request.query_params.get("after"), limit=limit_of(request))
-        return _page([_event(e) for e in rows], more)
+    def job_list(read, shape):
+        """A job's events or checkpoints, newest first, paged with after=<id>."""
+        async def route(job_id: str, request: Request):
+            own_job(tenant_of(request), job_id)
+            rows, more = read(job_id, after=request.query_params.get("after"), limit=limit_of(request))
+            return _page([shape(r) for r in rows], more)
+        return route
 
-    @app.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", responses=error_responses(400, 401, 404))
-    async def checkpoints(job_id: str, request: Request):
-        tenant = tenant_of(request)
-        own_job(tenant, job_id)
-        rows, more = store.job_checkpoints(job_id, after=request.query_params.get("after"), limit=limit_of(request))
-        return _page([_checkpoint(c) for c in rows], more)
+    for what, read, shape in (("events", store.job_events, _event), ("checkpoints", store.job_checkpoints, _checkpoint)):
+        app.get(f"/v1/fine_tuning/jobs/{{job_id}}/{what}", name=f"job_{what}",
+                responses=error_responses(400, 401, 404))(job_list(read, shape))
 
 
 def _tokens_of(store: Store, tenant: str, file_id: str, method: str) -> int:

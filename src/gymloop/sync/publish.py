@@ -32,7 +32,9 @@ class InProcessSync:
         self.model, self.engine, self.source = model, engine, source
 
     def publish(self, version: int) -> None:
-        self.engine.load_weights(self.model.state_dict(), version=version)
+        # a synchronous source generates with the driver's engine and updates it itself
+        if getattr(self.source, "engine", None) is not self.engine:
+            self.engine.load_weights(self.model.state_dict(), version=version)
         self.source.publish(self.model, version)
 
     def finish(self, version: int) -> None:
