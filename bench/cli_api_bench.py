@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import common
 
@@ -59,7 +60,8 @@ def schemathesis(examples: int, model: str) -> tuple[int, str]:
     server = subprocess.Popen(gymloop() + ["serve", "--model", model, "--api-key", "sk-bench", "--port", str(port),
                                            "--db", db], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        run = subprocess.run([st, "run", f"http://127.0.0.1:{port}/openapi.json", "--checks", "all",
+        run = subprocess.run([st, "--config-file", str(Path(__file__).with_name("schemathesis.toml")), "run",
+                              f"http://127.0.0.1:{port}/openapi.json", "--checks", "all",
                               "-H", "Authorization: Bearer sk-bench", "--max-examples", str(examples),
                               "--wait-for-schema", "60"], capture_output=True, text=True, timeout=900)
         return run.returncode, run.stdout

@@ -3,11 +3,14 @@
 completions on held-out prompts (greedy), base vs the fine-tuned model.
 
     python bench/finetune_api_bench.py [--model nano] [--sft-rows 4000] [--dpo-rows 2000] [--heldout 300]
+                                       [--only sft dpo rft]
 
 1. SFT teaches a task the base cannot do: 2-digit subtraction (the base was pre-trained on
    addition only), from gold examples of the arith environment's train split.
 2. DPO on addition: the preferred answer is the gold one, the other the base's own wrong sample
    for that prompt (temperature 1), so the pairs are what the base gets wrong.
+3. RFT (method reinforcement) on addition: prompts and their answers, a python grader run in
+   the sandbox (1 when the reply's last integer is the answer), GRPO in the server's worker.
 Also: the job's trained tokens, seconds and cost from the ledger.
 """
 from __future__ import annotations
@@ -65,7 +68,12 @@ def main() -> None:
     ap.add_argument("--dpo-lr", type=float, default=0.1, help="DPO learning_rate_multiplier")
     ap.add_argument("--dpo-sft-weight", type=float, default=0.0, help="DPO's NLL term on the preferred answer (RPO)")
     ap.add_argument("--dpo-beta", type=float, default=0.1)
+    ap.add_argument("--rft-rows", type=int, default=2000)
+    ap.add_argument("--rft-epochs", type=int, default=2)
+    ap.add_argument("--rft-lr", type=float, default=0.2, help="RFT learning_rate_multiplier (x 1e-3)")
+    ap.add_argument("--only", choices=["sft", "dpo", "rft"], nargs="*", help="run only these jobs")
     args = ap.parse_args()
+    only = set(args.only or ["sft", "dpo", "rft"])
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp())
     cfg = ServeConfig(model=args.model, model_name="nano", db=str(root / "store.db"), api_keys=[KEY],
@@ -74,50 +82,87 @@ def main() -> None:
     rows = [["job", "held-out task", "base", "fine-tuned", "change", "trained tokens", "job seconds", "dollars"]]
     with serving(cfg) as (base, _, store):
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-        # 1. SFT: subtraction
-        sub = make_env("arith", ops="-")
-        train = sub.sample_tasks(args.sft_rows, "train", seed=0)
-        sft = [{"messages": list(t.prompt) + [{"role": "assistant", "content": sub.gold_reply(t)}]} for t in train]
-        held = sub.sample_tasks(args.heldout, "heldout", seed=0)
-        before = score(client, "nano", sub, held)
-        job, sec = run_job(client, sft, {"type": "supervised", "supervised": {"hyperparameters": {
-            "n_epochs": args.epochs, "batch_size": 32, "learning_rate_multiplier": args.sft_lr}}}, "sub")
-        after = score(client, job.fine_tuned_model, sub, held)
-        ledger = {r["run_id"]: r for r in store.ledger_rows("fine_tuning")}[job.id]
-        rows.append(["SFT", "2-digit subtraction", f"{before:.1%}", f"{after:.1%}", f"{100 * (after - before):+.1f} pts",
-                     f"{job.trained_tokens:,}", f"{sec:.0f}", f"${ledger['dollars']:.4f}"])
-        out["sft"] = {"base": before, "after": after, "trained_tokens": job.trained_tokens, "seconds": sec,
-                      "dollars": ledger["dollars"], "model": job.fine_tuned_model}
-        print(f"  SFT: {before:.3f} -> {after:.3f}", flush=True)
-        # 2. DPO: addition, against the base's own mistakes
-        add = make_env("arith")
-        pairs = []
-        for t in add.sample_tasks(args.dpo_rows * 3, "train", seed=1):
-            if len(pairs) >= args.dpo_rows:
-                break
-            r = client.chat.completions.create(model="nano", messages=list(t.prompt), max_tokens=8, temperature=1.0)
-            text = r.choices[0].message.content
-            if add.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}]).reward < 1:
-                pairs.append({"input": {"messages": list(t.prompt)},
-                              "preferred_output": [{"role": "assistant", "content": add.gold_reply(t)}],
-                              "non_preferred_output": [{"role": "assistant", "content": text}]})
-        held = add.sample_tasks(args.heldout, "heldout", seed=0)
-        before = score(client, "nano", add, held)
-        job, sec = run_job(client, pairs, {"type": "dpo", "dpo": {"hyperparameters": {
-            "n_epochs": 2, "batch_size": 16, "beta": args.dpo_beta, "learning_rate_multiplier": args.dpo_lr,
-            "sft_weight": args.dpo_sft_weight}}}, "dpo")
-        after = score(client, job.fine_tuned_model, add, held)
-        ledger = {r["run_id"]: r for r in store.ledger_rows("fine_tuning")}[job.id]
-        rows.append(["DPO", "2-digit addition", f"{before:.1%}", f"{after:.1%}", f"{100 * (after - before):+.1f} pts",
-                     f"{job.trained_tokens:,}", f"{sec:.0f}", f"${ledger['dollars']:.4f}"])
-        out["dpo"] = {"base": before, "after": after, "pairs": len(pairs), "trained_tokens": job.trained_tokens,
-                      "seconds": sec, "dollars": ledger["dollars"]}
-        print(f"  DPO: {before:.3f} -> {after:.3f}", flush=True)
-    print(f"\nfine-tuning through the API ({args.model}; {args.heldout} held-out prompts, greedy, via chat completions; "
-          f"SFT {args.sft_rows} examples x {args.epochs} epochs, lr x{args.sft_lr}; DPO {out['dpo']['pairs']} pairs x 2 "
-          f"epochs, beta {args.dpo_beta}, lr x{args.dpo_lr}, sft_weight {args.dpo_sft_weight})")
+        if "sft" in only:
+            sft_job(client, store, args, rows, out)
+        if "dpo" in only:
+            dpo_job(client, store, args, rows, out)
+        if "rft" in only:
+            rft_job(client, store, args, rows, out)
+    print(f"\nfine-tuning through the API ({args.model}; {args.heldout} held-out prompts, greedy, via chat completions)")
+    for line in out.get("settings", []):
+        print("  " + line)
     print(common.table(rows))
-    common.save("finetune_api_bench", out)
+    tag = "" if args.model == "nano" else "_" + args.model.replace(":", "_").replace("=", "")
+    common.save("finetune_api_bench" + tag + ("" if len(only) == 3 else "_" + "_".join(sorted(only))), out)
+
+
+def report(store, rows, out, key, job, sec, task, before, after, extra=None):
+    ledger = {r["run_id"]: r for r in store.ledger_rows("fine_tuning")}[job.id]
+    rows.append([key.upper(), task, f"{before:.1%}", f"{after:.1%}", f"{100 * (after - before):+.1f} pts",
+                 f"{job.trained_tokens:,}", f"{sec:.0f}", f"${ledger['dollars']:.4f}"])
+    out[key] = {"base": before, "after": after, "trained_tokens": job.trained_tokens, "seconds": sec,
+                "dollars": ledger["dollars"], "model": job.fine_tuned_model, **(extra or {})}
+    print(f"  {key.upper()}: {before:.3f} -> {after:.3f}", flush=True)
+
+
+def sft_job(client, store, args, rows, out):
+    """1. SFT: subtraction, which the base was never taught."""
+    sub = make_env("arith", ops="-")
+    train = sub.sample_tasks(args.sft_rows, "train", seed=0)
+    sft = [{"messages": list(t.prompt) + [{"role": "assistant", "content": sub.gold_reply(t)}]} for t in train]
+    held = sub.sample_tasks(args.heldout, "heldout", seed=0)
+    before = score(client, "nano", sub, held)
+    job, sec = run_job(client, sft, {"type": "supervised", "supervised": {"hyperparameters": {
+        "n_epochs": args.epochs, "batch_size": 32, "learning_rate_multiplier": args.sft_lr}}}, "sub")
+    report(store, rows, out, "sft", job, sec, "2-digit subtraction", before, score(client, job.fine_tuned_model, sub, held))
+    out.setdefault("settings", []).append(f"SFT: {args.sft_rows} examples x {args.epochs} epochs, lr x{args.sft_lr}")
+
+
+def dpo_job(client, store, args, rows, out):
+    """2. DPO: addition, against the base's own mistakes."""
+    add = make_env("arith")
+    pairs = []
+    for t in add.sample_tasks(args.dpo_rows * 3, "train", seed=1):
+        if len(pairs) >= args.dpo_rows:
+            break
+        r = client.chat.completions.create(model="nano", messages=list(t.prompt), max_tokens=8, temperature=1.0)
+        text = r.choices[0].message.content
+        if add.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}]).reward < 1:
+            pairs.append({"input": {"messages": list(t.prompt)},
+                          "preferred_output": [{"role": "assistant", "content": add.gold_reply(t)}],
+                          "non_preferred_output": [{"role": "assistant", "content": text}]})
+    held = add.sample_tasks(args.heldout, "heldout", seed=0)
+    before = score(client, "nano", add, held)
+    job, sec = run_job(client, pairs, {"type": "dpo", "dpo": {"hyperparameters": {
+        "n_epochs": 2, "batch_size": 16, "beta": args.dpo_beta, "learning_rate_multiplier": args.dpo_lr,
+        "sft_weight": args.dpo_sft_weight}}}, "dpo")
+    report(store, rows, out, "dpo", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held),
+           {"pairs": len(pairs)})
+    out.setdefault("settings", []).append(f"DPO: {len(pairs)} pairs x 2 epochs, beta {args.dpo_beta}, lr x{args.dpo_lr}, "
+                                          f"sft_weight {args.dpo_sft_weight}")
+
+
+GRADER = {"type": "python", "name": "last_integer",
+          "source": "import re\n"
+                    "def grade(sample, item):\n"
+                    "    found = re.findall(r'-?\\d+', sample['output_text'])\n"
+                    "    return float(bool(found) and int(found[-1]) == int(item['answer']))\n"}
+
+
+def rft_job(client, store, args, rows, out):
+    """3. RFT: addition prompts with their answers; the python grader (in the sandbox) rewards a
+    reply whose last integer is the answer."""
+    add = make_env("arith")
+    prompts = [{"messages": list(t.prompt), "answer": str(t.answer)}
+               for t in add.sample_tasks(args.rft_rows, "train", seed=2)]
+    held = add.sample_tasks(args.heldout, "heldout", seed=0)
+    before = score(client, "nano", add, held)
+    job, sec = run_job(client, prompts, {"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
+        "n_epochs": args.rft_epochs, "batch_size": 32, "group_size": 8, "max_new_tokens": 6,
+        "learning_rate_multiplier": args.rft_lr, "eval_samples": 100}}}, "rft")
+    report(store, rows, out, "rft", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held))
+    out.setdefault("settings", []).append(f"RFT: {args.rft_rows} prompts x {args.rft_epochs} epochs, 32 prompts/step, "
+                                          f"8 samples each, lr x{args.rft_lr}, python grader in the sandbox")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,16 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SCRIPTS = ["engine_bench.py", "train_bench.py", "sandbox_bench.py", "gym_bench.py", "serve_bench.py",
            "cli_api_bench.py", "weight_sync_bench.py", "sharding_bench.py", "async_bench.py", "episodes_bench.py",
-           "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "algorithms_bench.py", "smollm2_grpo.py"]
+           "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "algorithms_bench.py", "smollm2_grpo.py",
+           "finetune_api_bench.py", "finetune_vs_trl.py"]
+# Tests that need the bench extra (TRL): skipped by `make test`, run here before the benchmarks.
+TESTS = ["tests/test_dpo_vs_trl.py"]
 
 if __name__ == "__main__":
     failed = []
+    print("=== tests against TRL ===", flush=True)
+    if subprocess.call([sys.executable, "-m", "pytest", "-q", *TESTS], cwd=HERE.parent) != 0:
+        failed.append(" ".join(TESTS))
     for script in SCRIPTS:
         print(f"\n=== {script} ===", flush=True)
         if subprocess.call([sys.executable, str(HERE / script)], cwd=HERE) != 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 from openai import NotFoundError, OpenAI
@@ -13,7 +14,7 @@ from gymloop.serve import ServeConfig, build, shutdown
 
 from conftest import running_server
 
-KEY, OTHER = "sk-tenant-a", "sk-tenant-b"
+KEY, OTHER, ADMIN = "sk-tenant-a", "sk-tenant-b", "sk-admin"
 
 
 def _jsonl(rows) -> bytes:
@@ -35,7 +36,7 @@ def dpo_rows(n=16):
 def server(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("ft")
     cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(root / "store.db"), api_keys=[KEY, OTHER],
-                      jobs_dir=str(root / "jobs"), checkpoint_every=2, poll_s=0.2)
+                      admin_keys=[ADMIN], jobs_dir=str(root / "jobs"), checkpoint_every=2, poll_s=0.2)
     app, batcher, store = build(cfg)
     with running_server(app) as base:
         yield {"base": base, "store": store, "app": app}
@@ -193,8 +194,227 @@ def test_bad_requests_are_clear(client):
     with pytest.raises(NotFoundError, match="not a base model"):
         client.fine_tuning.jobs.create(model="gpt-17", training_file=f.id)
     with pytest.raises(Exception, match="method.type"):
-        client.fine_tuning.jobs.create(model="tiny", training_file=f.id,
-                                       method={"type": "reinforcement", "reinforcement": {}})
+        client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={"type": "ppo"})
+
+
+def download(server, job_id, ckpt_id, fmt, dest):
+    """A checkpoint's archive, unpacked under dest; returns its one directory."""
+    import tarfile
+
+    import httpx
+
+    r = httpx.get(f"{server['base']}/v1/fine_tuning/jobs/{job_id}/checkpoints/{ckpt_id}/content",
+                  params={"format": fmt}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    if r.status_code != 200:
+        return r
+    (dest / "a.tar.gz").write_bytes(r.content)
+    with tarfile.open(dest / "a.tar.gz") as tar:
+        tar.extractall(dest / fmt, filter="data")
+    (top,) = (dest / fmt).iterdir()
+    return top
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_a_lora_job_saves_a_peft_adapter_that_hugging_face_loads(client, server, tiny_model_dir, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    f = upload(client, sft_rows(16))
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={"type": "supervised", "supervised": {
+        "hyperparameters": {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 20, "lora": lora}}})
+    done = wait(client, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.method.supervised.hyperparameters.lora == {**lora, "dropout": 0.0}
+    last = next(iter(client.fine_tuning.jobs.checkpoints.list(done.id)))
+    adapter = download(server, done.id, last.id, "adapter", tmp_path)
+    merged = download(server, done.id, last.id, "merged", tmp_path)
+    assert {p.name for p in adapter.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    assert not {"ft_state.pt", "adapter"} & {p.name for p in merged.iterdir()}
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    with torch.no_grad():
+        before = base(ids).logits
+        peft_logits = PeftModel.from_pretrained(base, adapter).eval()(ids).logits
+        merged_logits = AutoModelForCausalLM.from_pretrained(merged)(ids).logits
+    assert not torch.allclose(before, peft_logits, atol=1e-4)          # the adapter learned something
+    assert torch.allclose(peft_logits, merged_logits, atol=1e-4)        # and merging keeps what it does
+    # only the adapters trained: the merged weights differ from the base only where adapters sit
+    changed = {n.split(".")[-2] for n, p in AutoModelForCausalLM.from_pretrained(merged).named_parameters()
+               if not torch.equal(p, dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())[n])}
+    assert changed == {"q_proj", "v_proj"}
+    # a job that trained every weight has no adapter to download; an unknown format is a 400
+    full = wait(client, client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}}).id)
+    ckpt = next(iter(client.fine_tuning.jobs.checkpoints.list(full.id)))
+    assert download(server, full.id, ckpt.id, "adapter", tmp_path).status_code == 409
+    assert download(server, full.id, ckpt.id, "zip", tmp_path).status_code == 400
+
+
+def rft_rows(n=16):
+    """Prompts whose grader wants a reply that starts with the row's digit (a random tiny model
+    does that ~1 time in 10, so GRPO has something to learn)."""
+    return [{"messages": [{"role": "user", "content": "abcxyz"[i % 6]}], "digit": str(i % 10)} for i in range(n)]
+
+
+DIGIT_GRADER = {"type": "python", "name": "starts_with_a_digit",
+                "source": "def grade(sample, item):\n    t = sample['output_text']\n"
+                          "    return float(bool(t) and t[0].isdigit())\n"}
+
+
+def test_a_reinforcement_job_with_a_python_grader_learns(client, server):
+    train, valid = upload(client, rft_rows(16)), upload(client, rft_rows(8), "valid.jsonl")
+    assert train.status == "processed"
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=train.id, validation_file=valid.id, seed=0, method={
+        "type": "reinforcement", "reinforcement": {"grader": DIGIT_GRADER, "hyperparameters": {
+            "n_epochs": 20, "batch_size": 8, "group_size": 8, "max_new_tokens": 1, "learning_rate_multiplier": 30,
+            "eval_samples": 8}}})
+    assert job.method.type == "reinforcement" and job.method.reinforcement.grader.type == "python"
+    done = wait(client, job.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    events = list(client.fine_tuning.jobs.list_events(done.id, limit=100))
+    summary = next(e for e in events if e.message.startswith("Held-out mean reward"))
+    assert summary.data["final_mean_reward"] > summary.data["base_mean_reward"] + 0.3, summary.message
+    metrics = [e.data for e in events if e.type == "metrics"]
+    assert len(metrics) == 40 and all(m["grader_errors"] == 0 for m in metrics)
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(done.id, limit=100)][:2] == [40, 38]
+    r = client.chat.completions.create(model=done.fine_tuned_model, messages=[{"role": "user", "content": "a"}],
+                                       max_tokens=1, temperature=0)
+    assert r.choices[0].message.content[:1].isdigit()
+    assert {r["run_id"] for r in server["store"].ledger_rows("fine_tuning")} >= {done.id}
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_a_lora_reinforcement_job_learns_and_its_adapter_loads(client, server, tiny_model_dir, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    f = upload(client, rft_rows(16))
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, seed=0, method={
+        "type": "reinforcement", "reinforcement": {"grader": DIGIT_GRADER, "hyperparameters": {
+            "n_epochs": 20, "batch_size": 8, "group_size": 8, "max_new_tokens": 1, "learning_rate_multiplier": 30,
+            "eval_samples": 8, "lora": {"rank": 8, "alpha": 32}}}})
+    done = wait(client, job.id, timeout=300)
+    assert done.status == "succeeded", done.error
+    summary = next(e for e in client.fine_tuning.jobs.list_events(done.id, limit=100)
+                   if e.message.startswith("Held-out mean reward"))
+    assert summary.data["final_mean_reward"] > summary.data["base_mean_reward"] + 0.3, summary.message
+    last = next(iter(client.fine_tuning.jobs.checkpoints.list(done.id)))
+    adapter = download(server, done.id, last.id, "adapter", tmp_path)
+    merged = download(server, done.id, last.id, "merged", tmp_path)
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    with torch.no_grad():
+        a = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter).eval()(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(merged)(ids).logits
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_reinforcement_grader_errors_are_errors_not_zero_rewards(client):
+    f = upload(client, rft_rows(8))
+    # a template naming a field the rows lack: every sample is a grader error, none is trained on
+    grader = {"type": "string_check", "name": "s", "input": "{{sample.output_text}}", "reference": "{{item.nope}}",
+              "operation": "eq"}
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "n_epochs": 1, "batch_size": 4, "group_size": 2, "max_new_tokens": 1, "eval_samples": 2}}})
+    done = wait(client, job.id, timeout=120)
+    metrics = [e.data for e in client.fine_tuning.jobs.list_events(done.id, limit=100) if e.type == "metrics"]
+    assert [m["grader_errors"] for m in metrics] == [8, 8]
+    # a grader that is not well-formed never becomes a job
+    for bad, match in (({"type": "python", "source": "def grade(:"}, "does not parse"),
+                       ({"type": "multi", "graders": {"a": DIGIT_GRADER}, "calculate_output": "a ** 2"}, "calculate_output"),
+                       ({"type": "score_model", "model": "gpt-17", "input": [{"role": "user", "content": "x"}]},
+                        "not served")):
+        with pytest.raises(Exception, match=match):
+            client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+                "type": "reinforcement", "reinforcement": {"grader": bad}})
+    with pytest.raises(Exception, match="grader"):
+        client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={"type": "reinforcement"})
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 4}])
+def test_a_paused_reinforcement_job_resumes_where_it_stopped(client, lora):
+    f = upload(client, rft_rows(8))
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "reinforcement", "reinforcement": {"grader": DIGIT_GRADER, "hyperparameters": {
+            "n_epochs": 1000, "batch_size": 4, "group_size": 2, "max_new_tokens": 1, "eval_samples": 2,
+            **({"lora": lora} if lora else {})}}})
+    end = time.monotonic() + 120
+    while not [e for e in client.fine_tuning.jobs.list_events(job.id, limit=5) if e.type == "metrics"]:
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    client.fine_tuning.jobs.pause(job.id)
+    while not any(m.startswith("Paused at step") for m in events_of(client, job.id)):
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    paused = next(e for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.message.startswith("Paused"))
+    paused_at = int(paused.message.removeprefix("Paused at step ").split(";")[0])
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id)][0] == paused_at
+    client.fine_tuning.jobs.resume(job.id)
+    while not any(m.startswith("Resumed from the checkpoint at step") for m in events_of(client, job.id)):
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    while True:        # the next step after the resume is the one after the pause
+        later = [e.data["step"] for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
+        if max(later) > paused_at:
+            break
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    steps = sorted(later)
+    assert steps == list(range(1, max(steps) + 1))          # no step lost or repeated across the pause
+    assert client.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+
+
+def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, digit_env, tmp_path, capsys):
+    from openai import PermissionDeniedError
+
+    from gymloop.cli import main
+
+    admin = OpenAI(base_url=server["base"] + "/v1", api_key=ADMIN, max_retries=0)
+    store = server["store"]
+
+    def job(answer: str) -> str:
+        rows = [{"messages": [{"role": "user", "content": c}, {"role": "assistant", "content": answer}]}
+                for c in "abcxyz" * 4]
+        j = admin.fine_tuning.jobs.create(model="tiny", training_file=upload(admin, rows).id, method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3, "batch_size": 4,
+                                                                      "learning_rate_multiplier": 20}}})
+        done = wait(admin, j.id)
+        assert done.status == "succeeded", done.error
+        return done.id
+
+    request = {"env": {"name": "digit"}, "eval_tasks": 16, "max_new_tokens": 1, "gate": {"delta": 0.2}}
+    digits, letters = job("7"), job("q")
+    with pytest.raises(PermissionDeniedError, match="admin key"):
+        client.post(f"/fine_tuning/jobs/{digits}/promote", body=request, cast_to=object)
+    with pytest.raises(NotFoundError):                     # another tenant's job: it does not exist for this key
+        admin.post(f"/fine_tuning/jobs/{digits}x/promote", body=request, cast_to=object)
+    better = admin.post(f"/fine_tuning/jobs/{digits}/promote", body=request, cast_to=object)
+    assert better["promoted"], better
+    assert better["after"]["digit"] >= better["before"]["digit"] + 0.2
+    assert store.promoted()["version"] == better["version"] and better["production_version"] == 1
+    # the server follows the store: the served model is now the promoted one
+    end = time.monotonic() + 30
+    while int(client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "a"}], max_tokens=1).headers["x-gymloop-model-version"]) \
+            != better["version"]:
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    worse = admin.post(f"/fine_tuning/jobs/{letters}/promote", body=request, cast_to=object)
+    assert not worse["promoted"] and "digit changed by" in worse["why"]
+    assert store.promoted()["version"] == better["version"]
+    messages = [e.message for e in admin.fine_tuning.jobs.list_events(letters, limit=100)]
+    assert any(m.startswith("Not promoted") for m in messages)
+    # `gymloop models add` takes a fine-tuned model's id
+    model = admin.fine_tuning.jobs.retrieve(letters).fine_tuned_model
+    assert main(["models", "add", model, "--db", str(store.path)]) == 0
+    added = json.loads(capsys.readouterr().out)
+    row = store.model_version(added["version"])
+    assert row["status"] == "candidate"
+    assert Path(row["path"]) == Path(store.get_job(None, letters)["final_path"]).resolve()
+    assert main(["models", "add", "ft:nope", "--db", str(store.path)]) == 2
 
 
 def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_model_dir):
@@ -296,6 +516,40 @@ def test_graders_run_through_the_client(client):
     assert missing.metadata.errors.invalid_variable_error
 
 
+def test_score_model_graders_ask_a_served_model(client):
+    """The served model answers the rendered prompt; its number is the score, mapped from range."""
+    run = client.fine_tuning.alpha.graders.run
+    prompt = [{"role": "user", "content": "{{item.q}}"}]
+    asked = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "3+4="}], max_tokens=16,
+                                           temperature=0).choices[0].message.content
+    grader = {"type": "score_model", "name": "judge", "model": "tiny", "input": prompt, "range": [0, 9],
+              "sampling_params": {"temperature": 0}}
+    r = run(grader=grader, model_sample="x", item={"q": "3+4="})
+    numbers = __import__("re").findall(r"-?\d+(?:\.\d+)?", asked)
+    if numbers and 0 <= float(numbers[0]) <= 9:
+        assert r.reward == pytest.approx(float(numbers[0]) / 9) and not r.metadata.errors.api_model_grader_parse_error
+    else:       # the tiny model's reply holds no score: an error, not a 0
+        assert r.metadata.errors.api_model_grader_parse_error and r.reward == 0.0
+    r = run(grader={**grader, "model": "ft:nope"}, model_sample="x", item={"q": "1"})
+    assert r.metadata.errors.api_model_grader_server_error and "ft:nope" in r.metadata.errors.api_model_grader_server_error_details
+
+
+def test_graders_validate(client):
+    ok = {"type": "multi", "name": "m", "calculate_output": "min(a, 1)", "graders": {
+        "a": {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}}}
+    assert client.fine_tuning.alpha.graders.validate(grader=ok).grader.type == "multi"
+    for bad, match in (({**ok, "calculate_output": "a ** 2"}, "calculate_output"),
+                       ({"type": "python", "name": "p", "source": "def grade(:"}, "does not parse"),
+                       ({"type": "python", "name": "p", "source": "x = 1"}, "define grade"),
+                       ({"type": "score_model", "name": "s", "model": "gpt-17",
+                         "input": [{"role": "user", "content": "x"}]}, "not served"),
+                       ({"type": "string_check", "name": "s", "input": "a", "reference": "b", "operation": "match"},
+                        "operation"),
+                       ({"type": "nope"}, "grader")):
+        with pytest.raises(Exception, match=match):
+            client.fine_tuning.alpha.graders.validate(grader=bad)
+
+
 def test_traces_export_as_training_files(server, client, capsys, tmp_path):
     """Production answers with verifier feedback -> sft / dpo / rft files the API accepts."""
     import httpx
@@ -321,7 +575,8 @@ def test_traces_export_as_training_files(server, client, capsys, tmp_path):
     sft = parse(files["sft"])
     assert sft.kind == "supervised" and len(sft.rows) >= 2
     assert all(r["messages"][-1]["role"] == "assistant" for r in sft.rows)
-    dpo_rows = parse(files["dpo"]).rows
+    # no pair when the served model happened to answer the same each time (an empty file)
+    dpo_rows = parse(files["dpo"]).rows if files["dpo"].strip() else []
     rft_rows = parse(files["rft"]).rows
     assert parse(files["rft"]).kind == "reinforcement"
     assert any(r.get("task_id") == "t:2+2" for r in rft_rows)

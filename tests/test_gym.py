@@ -9,6 +9,7 @@ import pytest
 from gymloop.engine import Generation, GenerationBatch
 from gymloop.envs import REGISTRY, make_env, play
 from gymloop.envs.jsonl import load_tasks
+from gymloop.envs.registry import NEEDS_FILE
 from gymloop.envs.toolcall import format_call, parse_tool_calls
 from gymloop.envs.validate import validate
 from gymloop.rollout.evaluate import evaluate
@@ -136,7 +137,7 @@ def test_multi_turn_rollout_keeps_sampled_ids_and_masks_observations(tok):
 
 # --- validation, code, humaneval -----------------------------------------------------------
 @needs_bwrap
-@pytest.mark.parametrize("name", [n for n in REGISTRY.names() if n != "jsonl"] + ["tools@v2", "tools@v3"])
+@pytest.mark.parametrize("name", [n for n in REGISTRY.names() if n not in NEEDS_FILE] + ["tools@v2", "tools@v3"])
 def test_validate_every_builtin_environment(name):
     env = make_env(name)
     v = validate(env, n=12)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from gymloop.loop.gate import GateConfig, gate
@@ -235,3 +236,35 @@ def test_the_gate_evaluates_the_target_with_its_options(tmp_path):
     assert [e.name for e in envs] == ["arith", "tools@v2"]       # the target is not repeated
     tasks = envs[0].sample_tasks(50, "heldout", seed=0)
     assert envs[0].config.digits == 3 and max(len(t.id.split(":")[1].split("+")[0]) for t in tasks) == 3
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_a_round_can_be_a_fine_tuning_job_on_production_traces(tmp_path, tiny_model_dir, monkeypatch, method):
+    """Production answered the digit prompts with a digit (reward 1) or a letter (reward 0): a
+    round of method sft / dpo exports those traces, trains on them, and the gate promotes it."""
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
+    # 24 good answers for SFT; 6 prompts, so 6 (best, worst) pairs for DPO: more passes over them
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, round={"method": method, "n_epochs": 4 if method == "sft" else 30,
+                                                         "batch_size": 8, "sft_weight": 1.0, "min_examples": 4,
+                                                         "learning_rate_multiplier": 20}, gate={"delta": 0.2})
+    store = Store(cfg.store)
+    for i in range(48):
+        prompt = "abcxyz"[(i // 2) % 6]       # each prompt answered both ways
+        answer = "7" if i % 2 == 0 else "q"
+        tid = store.add_trace(model="t", model_version=1, request={"messages": [{"role": "user", "content": prompt}]},
+                              response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
+                              prompt_tokens=1, completion_tokens=1, latency_s=0.0)
+        store.add_feedback(tid, reward=float(answer.isdigit()))
+    (r,) = run_loop(cfg)
+    m = r["metrics"]
+    assert m["training"]["method"] == method and m["training"]["examples"] == (24 if method == "sft" else 6)
+    assert m["training"]["loss_last"] < m["training"]["loss_first"]
+    assert r["status"] == "promoted", (m["why"], m["training"])
+    assert m["after"]["digit"] >= m["before"]["digit"] + 0.2
+    assert any(row["phase"] == "fine_tuning" and row["trained_tokens"] > 0 for row in store.ledger_rows("fine_tuning"))
+
+
+def test_a_fine_tuning_round_without_enough_traces_trains_nothing(tmp_path, tiny_model_dir, monkeypatch):
+    use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
+    (r,) = run_loop(digit_loop_cfg(tmp_path, tiny_model_dir, round={"method": "sft"}))
+    assert r["status"] == "rejected" and r["metrics"]["training"]["skipped"].startswith("fewer than 8")

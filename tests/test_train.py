@@ -294,3 +294,29 @@ def test_shared_weights_cost_one_copy_and_never_touch_the_buffer_in_use(tok):
     a = engine.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0)).generations[0].token_ids
     b = Engine(trainer_model, tok.pad_token_id).generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0))
     assert a == b.generations[0].token_ids
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_grpo_with_lora_trains_only_adapters_and_saves_merged_and_adapter(tmp_path, tiny_model_dir, digit_env):
+    from gymloop.orchestrator.train import train
+
+    cfg = digit_cfg(tmp_path, tiny_model_dir, lr=1e-1, lora={"rank": 8, "alpha": 32})
+    s = train(cfg, progress=False, echo=lambda m: None)
+    assert s["final"]["pass1"] >= s["base"]["pass1"] + 0.3, (s["base"], s["final"])
+    ckpt = Path(s["run_dir"]) / "checkpoint"
+    assert (ckpt / "adapter" / "adapter_config.json").exists() and (ckpt / "trainer_state.pt").exists()
+    base, _ = load_model(tiny_model_dir)
+    merged, _ = load_model(ckpt)
+    changed = {n for n, p in merged.named_parameters() if not torch.equal(p, dict(base.named_parameters())[n])}
+    assert changed and all(any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj")) for n in changed)
+    # continuing: the base and the adapter, with the optimizer's state
+    more = digit_cfg(tmp_path, tiny_model_dir, lr=1e-1, lora={"rank": 8, "alpha": 32}, steps=2)
+    more = more.model_copy(update={"init_adapter": str(ckpt / "adapter"), "init_trainer_state": str(ckpt)})
+    s2 = train(more, progress=False, echo=lambda m: None)
+    assert s2["base"]["pass1"] == pytest.approx(s["final"]["pass1"])       # it starts where the first ended
+
+
+def test_lora_needs_a_synchronous_local_run(tmp_path, tiny_model_dir, digit_env):
+    with pytest.raises(ValueError, match="grpo.lora"):
+        digit_cfg(tmp_path, tiny_model_dir, lora={"rank": 4}, max_staleness=1)

@@ -179,11 +179,12 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, run
 
-    cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], require_auth=not args.no_auth,
+    cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
+                      require_auth=not args.no_auth,
                       fine_tuning=not args.no_fine_tuning, checkpoint_every=args.checkpoint_every,
                       **({"model_name": args.model_name} if args.model_name else {}),
                       **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
-    if cfg.require_auth and not cfg.api_keys and not os.environ.get("GYMLOOP_API_KEYS"):
+    if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
         raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
                          "or --no-auth to serve without keys")
     import logging
@@ -217,8 +218,15 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.models_command == "add":
         from .models.checkpoint import load_model
 
-        load_model(args.dir)  # refuse what is not a loadable model directory
-        version = store.add_model_version(str(Path(args.dir).resolve()), parent=None,
+        path = args.dir
+        if path.startswith("ft:"):            # a fine-tuning job's model or checkpoint, by its id
+            path = store.fine_tuned_path(path)
+            if path is None:
+                print(f"error: no succeeded fine-tuning job or checkpoint has model id {args.dir!r} in {args.db}",
+                      file=sys.stderr)
+                return 2
+        load_model(path)  # refuse what is not a loadable model directory
+        version = store.add_model_version(str(Path(path).resolve()), parent=None,
                                           status="promoted" if args.promote else "candidate")
         print(json.dumps({"version": version, "status": "promoted" if args.promote else "candidate"}))
         return 0
@@ -291,10 +299,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
             print(e, file=sys.stderr)
         print(json.dumps({"loaded": len(tasks), "errors": len(errors)}))
         return 0 if not errors else 1
+    from .envs.registry import NEEDS_FILE
     from .envs.validate import validate
 
-    # `all`: every environment that builds without options (jsonl needs a file)
-    names = [e.name for e in REGISTRY.entries() if e.name != "jsonl"] if args.env == "all" else [args.env]
+    # `all`: every environment that builds without options (jsonl and graded need a file)
+    names = ([e.name for e in REGISTRY.entries() if e.name not in NEEDS_FILE] if args.env == "all" else [args.env])
     ok = True
     for name in names:
         env = make_env(name, **json.loads(args.options))
@@ -361,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
+    sv.add_argument("--admin-key", action="append", help="a key that may also promote fine-tuned models into "
+                    "production through the gate (repeatable)")
     sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
     sv.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
     sv.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
@@ -379,8 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     ml = mvs.add_parser("list", help="every version with its status")
     ml.add_argument("--db", default="gymloop.db")
     ml.set_defaults(fn=cmd_models)
-    ma = mvs.add_parser("add", help="register a model directory as a version")
-    ma.add_argument("dir")
+    ma = mvs.add_parser("add", help="register a model directory (or a fine-tuned model's ft: id) as a version")
+    ma.add_argument("dir", help="a model directory, or an ft: model or checkpoint id of the store's fine-tuning jobs")
     ma.add_argument("--db", default="gymloop.db")
     ma.add_argument("--promote", action="store_true", help="promote it at once (servers switch to it)")
     ma.set_defaults(fn=cmd_models)

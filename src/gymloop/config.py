@@ -11,6 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .models.lora import LoraOptions
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -116,6 +118,10 @@ class GRPOConfig(_Strict):
         default_factory=list, description="Train only the parameters whose name matches one of these "
         "regular expressions (e.g. 'layers\\.(2[6-9])\\.' for the top 4 of 30 layers); the rest stay "
         "frozen, so backward stops below the lowest trained layer. Empty: train everything.")
+    lora: LoraOptions | None = Field(
+        None, description="Train LoRA adapters (peft) instead of every weight: {rank, alpha, dropout, "
+        "target_modules}. Checkpoints hold the merged model and the adapter (adapter/); the engine runs the "
+        "model's own forward (hf backend). Synchronous, local runs only (max_staleness 0, no trainer actors).")
 
 
 class EvalConfig(_Strict):
@@ -231,6 +237,10 @@ class RunBlocks(_Strict):
         if self.grpo.router_replay and self.cluster.backend == "ray":
             raise ValueError("grpo.router_replay records routing in this process's engines: it does not "
                              "run with cluster.backend ray yet")
+        if self.grpo.lora is not None and (self.grpo.max_staleness or self.cluster.backend == "ray"
+                                           or self.cluster.trainers):
+            raise ValueError("grpo.lora trains the adapters in this process, generating from the same model: "
+                             "it needs grpo.max_staleness 0 and a local cluster without trainer actors")
         return self
 
     def blocks(self) -> dict[str, Any]:
@@ -246,6 +256,9 @@ class TrainConfig(RunBlocks):
     )
     init_trainer_state: str | None = Field(
         None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
+    init_adapter: str | None = Field(
+        None, description="grpo.lora: a LoRA adapter directory (a checkpoint's adapter/) to continue training, "
+        "on `model` as its base.")
 
 
 class ConfigError(ValueError):

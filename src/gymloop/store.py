@@ -519,6 +519,14 @@ class Store:
                                    "WHERE c.model_id = ? AND j.tenant = ?", (model_id, tenant)).fetchone()
         return None if row is None else row["path"]
 
+    def fine_tuned_path(self, model_id: str) -> str | None:
+        """The weights directory of any tenant's fine-tuned model or checkpoint id (the store's
+        owner: `gymloop models add`), or None."""
+        row = self._conn().execute("SELECT tenant FROM ft_jobs WHERE fine_tuned_model = ? UNION "
+                                   "SELECT j.tenant FROM ft_checkpoints c JOIN ft_jobs j ON j.id = c.job_id "
+                                   "WHERE c.model_id = ?", (model_id, model_id)).fetchone()
+        return None if row is None else self.fine_tuned_model(row["tenant"], model_id)
+
     def fine_tuned_models(self, tenant: str) -> list[dict]:
         """A tenant's succeeded jobs' models: [{id, created, job}]."""
         rows = self._conn().execute("SELECT fine_tuned_model, finished_at, id FROM ft_jobs WHERE tenant = ? AND "
@@ -567,6 +575,11 @@ class Store:
 
     def job_checkpoints(self, job_id: str, *, after: str | None = None, limit: int = 20) -> tuple[list[dict], bool]:
         return self._by_job("ft_checkpoints", job_id, after, limit, ("metrics",))
+
+    def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict | None:
+        row = self._conn().execute("SELECT * FROM ft_checkpoints WHERE id = ? AND job_id = ?",
+                                   (checkpoint_id, job_id)).fetchone()
+        return None if row is None else _row(row, ("metrics",))
 
     def checkpoint_by_model(self, model_id: str) -> dict | None:
         row = self._conn().execute("SELECT * FROM ft_checkpoints WHERE model_id = ?", (model_id,)).fetchone()

@@ -15,7 +15,9 @@ class HFBackend:
 
         self.model = model
         self._cache_cls = DynamicCache
-        params = inspect.signature(model.forward).parameters
+        # a LoRA (peft) wrapper forwards **kwargs: the wrapped model's signature says the name
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; accept either.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 

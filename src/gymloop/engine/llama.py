@@ -25,6 +25,8 @@ def _rope_theta(cfg) -> tuple[float, str]:
 
 def supports(model: torch.nn.Module) -> str | None:
     """None if the native path computes exactly what the model's forward does, else why not."""
+    if hasattr(model, "peft_config"):
+        return "LoRA adapters (peft) run in the model's own forward"
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
         return f"model_type {getattr(cfg, 'model_type', None)!r} not in {SUPPORTED_TYPES}"

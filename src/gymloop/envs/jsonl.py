@@ -134,6 +134,35 @@ def grade_program(grader_source: str, sample: dict, item: dict) -> str:
             f"print({_GRADE_MARK!r} + _j.dumps(float(_v)))\n")
 
 
+def grade_many_program(grader_source: str, pairs: list[tuple[dict, dict]]) -> str:
+    """A program that runs `grade(sample, item)` on every pair in one process (the inputs in a
+    data file, never in its source) and prints one marked line each: the value, or the error."""
+    return (grader_source + "\n\n" + "import json as _j, traceback as _t\n"
+            "for _s, _i in _j.load(open('pairs.json')):\n"
+            "    try:\n"
+            "        _v = grade(_s, _i)\n"
+            "        if isinstance(_v, bool) or not isinstance(_v, (int, float)):\n"
+            "            raise TypeError(f'grade returned {type(_v).__name__}, not a number')\n"
+            "        _out = {'value': float(_v)}\n"
+            "    except Exception as _e:\n"
+            "        _out = {'error': f'{type(_e).__name__}: {_e}'}\n"
+            f"    print({_GRADE_MARK!r} + _j.dumps(_out), flush=True)\n")
+
+
+def grades_from_many(result, n: int) -> list[float | str]:
+    """A sandbox Result of `grade_many_program` as n values, or error messages: a pair the
+    grader raised on, or every pair the process never reached (crash, time limit)."""
+    lines = [json.loads(ln[len(_GRADE_MARK):]) for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)]
+    out: list[float | str] = []
+    for d in lines[:n]:
+        v = d.get("value")
+        out.append(f"python grader: {d['error']}" if "error" in d else
+                   v if 0.0 <= v <= 1.0 else f"python grader returned {v}, not in [0, 1]")
+    why = result.error or ("timed out" if result.timed_out else
+                           (result.stderr.strip().splitlines() or [f"exited {result.exit_code}"])[-1])
+    return out + [f"python grader: {why}"] * (n - len(out))
+
+
 def score_from_grade(result) -> Score:
     """A sandbox Result of `grade_program` as a Score: a crash or a bad value is an error."""
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)), None)

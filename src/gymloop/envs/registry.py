@@ -54,7 +54,13 @@ BUILTIN: tuple[EnvEntry, ...] = (
              "any reasoning-gym dataset (dataset: NAME), scored by its own scorer"),
     EnvEntry("jsonl", _lazy(".jsonl", "make_jsonl"),
              "tasks from a JSONL file (path: FILE), checked by a named checker (exact, last_int, regex, python)"),
+    EnvEntry("graded", _lazy(".graded", "make_graded"),
+             "prompts from a reinforcement fine-tuning file (path: FILE), each reply scored by a grader "
+             "(grader: {type: python | string_check | text_similarity | score_model | multi, ...})"),
 )
+
+# built-ins that build only from a file (options path: ...); `validate all` skips them
+NEEDS_FILE = ("jsonl", "graded")
 
 
 class Registry:

@@ -1,9 +1,13 @@
-"""What a fine-tuning job trains: its examples as token batches, the loss of its method, and the
-loop that steps, reports and checkpoints until done, cancelled or paused.
+"""What a fine-tuning job trains: one function per method (METHODS), each from a JobRun (the
+weights to start from, the checkpoint to resume, the rows, the hyper-parameters) to a result,
+reporting metrics and checkpoints through Progress until done, cancelled or paused.
 
-    supervised   NLL on assistant tokens (weight 0 messages excluded)        algorithms/sft.py
-    dpo          DPO on (input, preferred, non-preferred), the reference's
-                 log-probs computed once before the first step               algorithms/dpo.py
+    supervised     NLL on assistant tokens (weight 0 messages excluded)      algorithms/sft.py
+    dpo            DPO on (input, preferred, non-preferred), the reference's
+                   log-probs computed once before the first step             algorithms/dpo.py
+    reinforcement  GRPO on the prompts, rewards from the job's grader        finetune/reinforce.py
+
+Any method trains LoRA adapters instead of every weight with hyperparameters.lora (models/lora.py).
 """
 from __future__ import annotations
 
@@ -17,9 +21,14 @@ import torch
 
 from ..algorithms.dpo import DPOLoss, sequence_logps
 from ..algorithms.sft import sft_loss
+from ..algorithms.table import Table
 from ..models.chat import ChatTokenizer
-from ..trainer.logprobs import TokenBatch, logprobs_and_aux, make_batch, token_logprobs
+from ..models.checkpoint import load_model, save_model
+from ..models.parameters import count_parameters
+from ..models.routing import routers
+from ..trainer.logprobs import TokenBatch, completion_logprobs, logprobs_and_aux, make_batch
 from ..trainer.trainer import lr_factor, optimizer_step
+from ..models import lora
 
 
 @dataclass
@@ -33,6 +42,11 @@ class Hyper:
     length_normalize: bool = False
     reference_free: bool = False
     sft_weight: float = 0.0
+    lora: dict | None = None              # LoraOptions as a dict, or None: every weight trains
+    group_size: int = 8                   # reinforcement: samples per prompt
+    max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer
+    eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
+    eval_samples: int = 100               # reinforcement: held-out prompts evaluated
 
     def public(self, method: str) -> dict:
         """As the job object reports them (OpenAI's names: a multiplier, not a rate)."""
@@ -41,10 +55,18 @@ class Hyper:
         if method == "dpo":
             out.update(beta=self.beta, length_normalize=self.length_normalize,
                        reference_free=self.reference_free, sft_weight=self.sft_weight)
+        if method == "reinforcement":
+            out.update(compute_multiplier=self.group_size / 8, group_size=self.group_size,
+                       max_new_tokens=self.max_new_tokens, eval_interval=self.eval_interval,
+                       eval_samples=self.eval_samples)
+        if self.lora is not None:
+            out["lora"] = self.lora
         return out
 
 
 BASE_LR = 1e-3           # learning_rate_multiplier 1 (nano-sized models; pass a multiplier for others)
+# "auto" learning-rate multipliers: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
+AUTO_LR = {"supervised": 1.0, "dpo": 0.1, "reinforcement": 0.2}
 
 
 def resolve(method: str, given: dict, n_examples: int) -> Hyper:
@@ -54,10 +76,20 @@ def resolve(method: str, given: dict, n_examples: int) -> Hyper:
         return auto if v == "auto" or v is None else v
     batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
     epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
-    lr = BASE_LR * float(pick("learning_rate_multiplier", 1.0 if method == "supervised" else 0.1))
+    lr = BASE_LR * float(pick("learning_rate_multiplier", AUTO_LR[method]))
     if batch < 1 or epochs < 1 or lr <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr)
+    if given.get("lora") is not None:
+        h.lora = lora.LoraOptions(**given["lora"]).model_dump()
+    if method == "reinforcement":
+        h.group_size = max(2, round(8 * float(pick("compute_multiplier", 1.0))))
+        h.group_size = int(pick("group_size", h.group_size))
+        h.max_new_tokens = int(pick("max_new_tokens", 16))
+        h.eval_interval = int(pick("eval_interval", 0))
+        h.eval_samples = int(pick("eval_samples", 100))
+        if h.group_size < 2:
+            raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
     if method == "dpo":
         h.beta = float(pick("beta", 0.1))
         h.length_normalize = bool(given.get("length_normalize", False))
@@ -99,6 +131,15 @@ def completion_example(tok: ChatTokenizer, messages: list[dict], completion: lis
     return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
 
 
+def _logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp [N, L] of the trained tokens, an MoE router's aux loss or None): the shared prefix of
+    a batch runs once and only trained positions are projected onto the vocabulary
+    (trainer/logprobs.completion_logprobs); MoE models take the full path with their router loss."""
+    if routers(model):
+        return logprobs_and_aux(model, batch)
+    return completion_logprobs(model, batch), None
+
+
 def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
     b = make_batch([e[0] for e in examples], [e[1] for e in examples], None, pad_id)
     b.loss_mask[:, 0] = 0                 # position 0 has no prediction
@@ -108,34 +149,73 @@ def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBat
 # --- the loop ----------------------------------------------------------------------------
 @dataclass
 class Progress:
-    """What a job reports as it goes (events, checkpoints), and whether it should stop."""
+    """What a job reports as it goes (events, checkpoints), and whether it should stop.
+    on_checkpoint(step, metrics, write): `write(path)` writes the checkpoint's files there (the
+    model, and what resuming needs); the worker records it once written."""
 
     on_metrics: Callable[[dict], None]
-    on_checkpoint: Callable[[int, dict, dict], None]          # (step, metrics, optimizer state)
+    on_checkpoint: Callable[[int, dict, Callable[[Path], None]], None]
     should_stop: Callable[[], str | None]                      # "cancelled" / "paused" / None
     checkpoint_every: int = 0                                  # 0: one per epoch
 
 
-def train_job(method: str, model: torch.nn.Module, tok: ChatTokenizer, rows: list[dict], hp: Hyper,
-              seed: int, progress: Progress, valid_rows: list[dict] | None = None,
-              start: dict | None = None) -> dict:
-    """Train `model` in place. `start`: a checkpoint's state (step, optimizer) to resume from.
-    Returns {"status": "succeeded" | "cancelled" | "paused", "step", "trained_tokens", "seconds"}."""
+@dataclass
+class JobRun:
+    """What a method trains from: the weights of the job's `model`, the newest checkpoint of this
+    job when it resumes, its rows, hyper-parameters and seed, and its directory."""
+
+    start_model: Path
+    resume: Path | None
+    rows: list[dict]
+    valid_rows: list[dict] | None
+    hp: Hyper
+    seed: int
+    root: Path
+    grader: dict | None = None                 # reinforcement
+    chat: Callable | None = None               # reinforcement: score_model graders' model calls
+
+
+# Every method returns {"status": "succeeded" | "cancelled" | "paused" | "shutdown", "step",
+# "trained_tokens", "seconds", and when succeeded "final" (the trained model's directory) and
+# "active_parameters" (what the trained tokens' FLOPs count)}.
+STATE_FILE = "ft_state.pt"
+
+
+def _write_checkpoint(model, tok, path: Path, extra: dict, state: dict | None) -> None:
+    """The model directory (LoRA: merged, its adapter in adapter/) and the resume state."""
+    save_model(model, tok, path, extra=extra)
+    if state is not None:
+        save_state(path / STATE_FILE, state)
+
+
+def _examples(method: str, tok: ChatTokenizer, rows: list[dict]) -> list:
     if method == "supervised":
-        examples = [sft_example(tok, r) for r in rows]
-        valid = [sft_example(tok, r) for r in valid_rows or []]
-    elif method == "dpo":
-        examples = [(completion_example(tok, r["input"]["messages"], r["preferred_output"], r["input"].get("tools")),
-                     completion_example(tok, r["input"]["messages"], r["non_preferred_output"], r["input"].get("tools")))
-                    for r in rows]
+        return [sft_example(tok, r) for r in rows]
+    return [(completion_example(tok, r["input"]["messages"], r["preferred_output"], r["input"].get("tools")),
+             completion_example(tok, r["input"]["messages"], r["non_preferred_output"], r["input"].get("tools")))
+            for r in rows]
+
+
+def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
+    """supervised and dpo: minibatches of the examples, n_epochs passes in a seeded order, a
+    checkpoint every `checkpoint_every` steps (default: each epoch); resumable from any of them."""
+    hp = run.hp
+    start = torch.load(run.resume / STATE_FILE, weights_only=False) if run.resume else None
+    # LoRA resumes from the base and the checkpoint's adapter; otherwise from the checkpoint's weights
+    model, tok = load_model(run.start_model if (hp.lora or not run.resume) else run.resume)
+    if hp.lora:
+        model = lora.wrap(model, hp.lora, run.resume / lora.ADAPTER_DIR if run.resume else None)
+    examples = _examples(method, tok, run.rows)
+    valid = _examples(method, tok, run.valid_rows or []) if method == "supervised" else []
+    ref = None
+    if method == "dpo":
         loss_fn = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
-        ref = None if hp.reference_free else _reference_logps(model, tok, examples, hp)
-        valid = []
-    else:
-        raise ValueError(f"method {method!r} is not trained by this worker")
+        # the reference is the model before the first step: kept in the state, not recomputed on resume
+        ref = start["reference"] if start else (None if hp.reference_free else _reference_logps(model, tok, examples, hp))
     steps_per_epoch = math.ceil(len(examples) / hp.batch_size)
     total = steps_per_epoch * hp.n_epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=0.0, betas=(0.9, 0.999))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=hp.learning_rate, weight_decay=0.0, betas=(0.9, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps=min(10, total // 10),
                                                                      decay_steps=total, min_ratio=0.1))
     step, tokens, seconds = 0, 0, 0.0
@@ -148,27 +228,33 @@ def train_job(method: str, model: torch.nn.Module, tok: ChatTokenizer, rows: lis
     t0 = time.perf_counter()
 
     def state() -> dict:
-        return {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        return {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "reference": ref,
                 "trained_tokens": tokens, "seconds": seconds + time.perf_counter() - t0}
+
+    def write(path: Path) -> None:
+        _write_checkpoint(model, tok, path, {"step": step}, state())
+
+    def result(status: str) -> dict:
+        model.eval()
+        return {"status": status, "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
 
     while step < total:
         stop = progress.should_stop()
         if stop is not None:
             if stop == "paused":
-                progress.on_checkpoint(step, {"step": step}, state())
-            model.eval()
-            return {"status": stop, "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
+                progress.on_checkpoint(step, {"step": step}, write)
+            return result(stop)
         epoch, k = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(run.seed * 1000 + epoch))
         idx = order[k * hp.batch_size:(k + 1) * hp.batch_size].tolist()
         if method == "supervised":
             batch = _batch([examples[i] for i in idx], tok.pad_token_id)
-            logp, aux = logprobs_and_aux(model, batch)
+            logp, aux = _logprobs(model, batch)
             loss, m = sft_loss(logp, batch.loss_mask)
             metrics = {"train_loss": m["nll"]}
         else:
             batch = _batch([examples[i][0] for i in idx] + [examples[i][1] for i in idx], tok.pad_token_id)
-            logp, aux = logprobs_and_aux(model, batch)
+            logp, aux = _logprobs(model, batch)
             seq = sequence_logps(logp, batch.loss_mask, hp.length_normalize)
             c, r = seq[:len(idx)], seq[len(idx):]
             nll = -(logp * batch.loss_mask).sum(-1)[:len(idx)] / batch.loss_mask[:len(idx)].sum(-1).clamp(min=1)
@@ -180,14 +266,29 @@ def train_job(method: str, model: torch.nn.Module, tok: ChatTokenizer, rows: lis
         optimizer_step(model, opt, sched, loss, 1.0)
         step += 1
         tokens += int(batch.attention_mask.sum())
-        metrics.update(step=step, total_steps=total, learning_rate=sched.get_last_lr()[0])
+        metrics.update(step=step, total_steps=total, learning_rate=sched.get_last_lr()[0], trained_tokens=tokens)
         if step % every == 0 or step == total:
             if valid:
                 metrics["valid_loss"] = _mean_nll(model, tok, valid, hp.batch_size)
-            progress.on_checkpoint(step, metrics, state())
+            progress.on_checkpoint(step, metrics, write)
         progress.on_metrics(metrics)
-    model.eval()
-    return {"status": "succeeded", "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
+    out = result("succeeded")
+    _write_checkpoint(model, tok, run.root / "final", {"step": step}, None)
+    # what a trained token passes through (MoE: the top-k experts; LoRA: the base and its adapters)
+    return {**out, "final": run.root / "final", "active_parameters": count_parameters(model)[1]}
+
+
+def _reinforcement(run: JobRun, progress: Progress) -> dict:
+    from .reinforce import train_reinforcement
+
+    return train_reinforcement(run, progress)
+
+
+METHODS: Table[Callable[[JobRun, Progress], dict]] = Table("fine-tuning method", {
+    "supervised": (lambda run, p: train_tokens("supervised", run, p), "NLL on the assistant turns"),
+    "dpo": (lambda run, p: train_tokens("dpo", run, p), "DPO on preferred / non-preferred answers"),
+    "reinforcement": (_reinforcement, "GRPO on the prompts, rewarded by the job's grader"),
+})
 
 
 @torch.no_grad()
@@ -199,7 +300,7 @@ def _reference_logps(model, tok, examples, hp: Hyper) -> tuple[torch.Tensor, tor
     for i in range(0, len(examples), hp.batch_size):
         for side in (0, 1):
             b = _batch([e[side] for e in examples[i:i + hp.batch_size]], tok.pad_token_id)
-            out[side].append(sequence_logps(token_logprobs(model, b), b.loss_mask, hp.length_normalize))
+            out[side].append(sequence_logps(_logprobs(model, b)[0], b.loss_mask, hp.length_normalize))
     model.train()
     return torch.cat(out[0]), torch.cat(out[1])
 
@@ -211,7 +312,7 @@ def _mean_nll(model, tok, examples, batch_size: int) -> float:
     total, n = 0.0, 0.0
     for i in range(0, len(examples), batch_size):
         b = _batch(examples[i:i + batch_size], tok.pad_token_id)
-        lp = token_logprobs(model, b)
+        lp = _logprobs(model, b)[0]
         total += float(-(lp * b.loss_mask).sum())
         n += float(b.loss_mask.sum())
     model.train(was)

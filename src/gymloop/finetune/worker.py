@@ -6,7 +6,9 @@ checkpoint (or from the start), and its cost reaches the ledger once, with its s
 from __future__ import annotations
 
 import csv
+import functools
 import io
+import json
 import logging
 import os
 import socket
@@ -15,14 +17,10 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from ..accounting.ledger import Profile, token_flops
-from ..models.checkpoint import load_model, save_model
-from ..models.parameters import count_parameters
 from ..store import Store
 from .formats import parse
-from .methods import Hyper, Progress, save_state, train_job
+from .methods import METHODS, Hyper, JobRun, Progress
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0          # a running job whose worker was silent 6x this long is taken over
@@ -52,11 +50,12 @@ def model_id(job: dict) -> str:
 
 class JobWorker:
     """`resolve(tenant, model) -> model directory` turns a job's `model` (a base name, an ft: id
-    or a checkpoint id) into weights to start from."""
+    or a checkpoint id) into weights to start from; `chat(model, messages, sampling_params) ->
+    text` answers reinforcement jobs' score_model graders."""
 
     def __init__(self, store: Store, jobs_dir: str | Path, resolve, profile: Profile, profile_name: str,
-                 poll_s: float = 0.5, checkpoint_every: int = 0) -> None:
-        self.store, self.jobs_dir, self.resolve = store, Path(jobs_dir), resolve
+                 poll_s: float = 0.5, checkpoint_every: int = 0, chat=None) -> None:
+        self.store, self.jobs_dir, self.resolve, self.chat = store, Path(jobs_dir), resolve, chat
         self.profile, self.profile_name = profile, profile_name
         self.poll_s, self.checkpoint_every = poll_s, checkpoint_every
         self._stop = threading.Event()
@@ -113,30 +112,28 @@ class JobWorker:
         root = self.jobs_dir / jid
         root.mkdir(parents=True, exist_ok=True)
         state = job["progress"] or {}
-        start_dir = state.get("checkpoint") or str(self.resolve(tenant, job["model"]))
-        model, tok = load_model(start_dir)
-        start = torch.load(Path(state["checkpoint"]) / "ft_state.pt", weights_only=False) if state.get("checkpoint") else None
-        if start is not None:
-            self.store.add_event(jid, "info", f"Resumed from the checkpoint at step {start['step']}")
+        resume = Path(state["checkpoint"]) if state.get("checkpoint") else None
+        if resume is not None:
+            self.store.add_event(jid, "info", f"Resumed from the checkpoint at step {state['step']}")
         rows = parse(self.store.file_content(tenant, job["training_file"]) or b"", method).rows
         valid = None
         if job["validation_file"]:
             valid = parse(self.store.file_content(tenant, job["validation_file"]) or b"", method).rows
-        hp = Hyper(**job["hyperparameters"]["resolved"])
         ft_id = model_id(job)
         beat = [time.time()]
 
         def on_metrics(m: dict) -> None:
             msg = f"Step {m['step']}/{m['total_steps']}: training loss={m['train_loss']:.4f}"
+            if "mean_reward" in m:
+                msg += f", mean reward={m['mean_reward']:.3f}"
             self.store.add_event(jid, "info", msg, "metrics", m)
             if time.time() - beat[0] > HEARTBEAT_S:
                 beat[0] = time.time()
                 self.store.update_job(jid, heartbeat=beat[0])
 
-        def on_checkpoint(step: int, metrics: dict, st: dict) -> None:
+        def on_checkpoint(step: int, metrics: dict, write) -> None:
             path = root / f"ckpt-step-{step}"
-            save_model(model, tok, path, extra={"fine_tuning_job": jid, "step": step})
-            save_state(path / "ft_state.pt", st)
+            write(path)
             self.store.add_checkpoint(jid, step=step, path=str(path), model_id=f"{ft_id}:ckpt-step-{step}",
                                       metrics=metrics, state={"checkpoint": str(path), "step": step})
 
@@ -150,16 +147,23 @@ class JobWorker:
                 return None
             return status if status in ("cancelled", "paused") else None
 
-        out = train_job(method, model, tok, rows, hp, job["seed"],
-                        Progress(on_metrics, on_checkpoint, should_stop, self.checkpoint_every), valid, start)
+        run = JobRun(start_model=Path(self.resolve(tenant, job["model"])), resume=resume, rows=rows, valid_rows=valid,
+                     hp=Hyper(**job["hyperparameters"]["resolved"]), seed=job["seed"], root=root,
+                     grader=job["method"].get("grader"),
+                     chat=None if self.chat is None else functools.partial(self.chat, tenant))
+        out = METHODS.impl(method)(run, Progress(on_metrics, on_checkpoint, should_stop, self.checkpoint_every))
+        if out.get("message"):
+            self.store.add_event(jid, "info", out["message"], "message", out.get("data"))
         if out["status"] == "paused":
             self.store.add_event(jid, "info", f"Paused at step {out['step']}; the checkpoint is saved")
         if out["status"] != "succeeded":
             return               # cancelled / paused (checkpointed) / shutdown: the store says what next
-        final = root / "final"
-        save_model(model, tok, final, extra={"fine_tuning_job": jid, "base_model": job["model"]})
+        final = out["final"]
+        meta = final / "gymloop.json"
+        meta.write_text(json.dumps({**(json.loads(meta.read_text()) if meta.exists() else {}),
+                                    "fine_tuning_job": jid, "base_model": job["model"]}, indent=2))
         results = self._results_file(jid, tenant)
-        active = count_parameters(model)[1]
+        active = out["active_parameters"]
         seconds = out["seconds"]
         self.store.update_job(
             jid, status="succeeded", finished_at=time.time(), fine_tuned_model=ft_id, final_path=str(final),

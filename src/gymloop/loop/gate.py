@@ -52,3 +52,31 @@ def gate(before: dict[str, float], after: dict[str, float], target: str, g: Gate
     if worst[0] < -g.epsilon:
         return False, f"{worst[1]} fell by {-worst[0]:.3f} > epsilon {g.epsilon}"
     return True, f"{target} rose by {gain:+.3f}"
+
+
+def ensure_production(store, base_dir: str, suites: list, cfg: "LoopConfig") -> dict:
+    """The promoted model version; when there is none yet, `base_dir` is recorded as version 1,
+    promoted, with its scores (a later promotion then has a version to roll back to)."""
+    current = store.promoted()
+    if current is None:
+        vid = store.add_model_version(base_dir, parent=None, status="promoted",
+                                      scores=suite_scores(base_dir, suites, cfg))
+        current = store.model_version(vid)
+    return current
+
+
+def gate_and_promote(store, candidate: str, base_dir: str, cfg: "LoopConfig") -> dict:
+    """A model from outside the loop (a fine-tuning job's) through the loop's gate: both the
+    production model and the candidate scored on the same suites now; promoted (a new version
+    whose parent is production, which servers following the store switch to) only if `gate`
+    says so. Returns {promoted, why, before, after, target, version, production_version}."""
+    suites = suite_envs(cfg)
+    target = suites[0].name
+    current = ensure_production(store, base_dir, suites, cfg)
+    before = suite_scores(current["path"], suites, cfg)
+    after = suite_scores(candidate, suites, cfg)
+    ok, why = gate(before, after, target, cfg.gate)
+    version = (store.add_model_version(candidate, parent=current["version"], status="promoted", scores=after)
+               if ok else None)
+    return {"promoted": ok, "why": why, "before": before, "after": after, "target": target, "version": version,
+            "production_version": current["version"]}

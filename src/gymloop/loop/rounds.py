@@ -23,7 +23,8 @@ from ..config import EvalConfig, GRPOConfig, RunBlocks, TrainConfig
 from ..bases.registry import resolve_model
 from .curriculum import CurriculumConfig, curriculum, lineage_start
 from .drift import DriftConfig, detect_drift
-from .gate import GateConfig, gate, suite_envs, suite_scores
+from .from_traces import RoundMethod, train_on_traces
+from .gate import GateConfig, ensure_production, gate, suite_envs, suite_scores
 from .summary import loop_summary
 from ..tracking.report import write_loop_report
 from ..tracking.run_dir import Phases, read_metrics, write_json
@@ -44,6 +45,8 @@ class LoopConfig(RunBlocks):
     rounds: int | None = Field(None, ge=1, description="Stop after this many committed rounds (None: never).")
     suites: list[str] = Field(default_factory=list, description="Other held-out suites guarded against regression.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")
+    round: RoundMethod = Field(default_factory=RoundMethod, description="How each round trains its candidate: "
+                               "GRPO, or a fine-tuning job (sft / dpo) on the store's traces with feedback.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Curriculum.")
     drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
     lineage: Literal["promoted", "latest"] = Field(
@@ -76,13 +79,9 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         r = store.last_round(cfg.name) + 1
         started = time.time()
         phases = Phases()     # the loop's own work; train() accounts for its phases
-        current = store.promoted()
-        if current is None:   # the first round starts from the base model, recorded as version 1
-            with phases.time("gate_evaluation"):
-                base = str(resolve_model(cfg.model, progress=progress))
-                scores = suite_scores(base, suites, cfg)
-            vid = store.add_model_version(base, parent=None, status="promoted", scores=scores)
-            current = store.model_version(vid)
+        with phases.time("gate_evaluation"):     # the first round records the base model as version 1
+            current = store.promoted() or ensure_production(
+                store, str(resolve_model(cfg.model, progress=progress)), suites, cfg)
         # Re-measured every round: an environment that changed shows up as a drop here.
         with phases.time("gate_evaluation"):
             before = suite_scores(current["path"], suites, cfg)
@@ -97,17 +96,29 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         tcfg = TrainConfig(**{**cfg.blocks(), "model": start_dir, "seed": cfg.seed * 1000 + r,
                               "run_dir": str(loop_dir), "name": f"round-{r:04d}"},
                            init_trainer_state=start_dir if has_state else None)
-        with phases.time("curriculum"):
-            source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
-        summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
-        candidate = str(Path(summary["run_dir"]) / "checkpoint")
+        if cfg.round.method == "grpo":
+            with phases.time("curriculum"):
+                source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
+            summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
+            candidate = str(Path(summary["run_dir"]) / "checkpoint")
+            trained = summary["economics"]["phases"]
+            training = training_stats(summary)
+            economics = {k: summary["economics"].get(k) for k in ("dollars", "post_training_dollars",
+                                                                   "cost_per_1m_generated_tokens")}
+        else:    # a fine-tuning job on production's traces
+            candidate, training, rows = train_on_traces(store, cfg.round, start_dir, loop_dir / f"round-{r:04d}",
+                                                        cfg.seed * 1000 + r, profile)
+            trained = {row["phase"]: row for row in rows}
+            cur_stats = {}
+            economics = {"dollars": sum(x["dollars"] for x in rows), "post_training_dollars": sum(x["dollars"] for x in rows),
+                         "cost_per_1m_generated_tokens": None}
         with phases.time("gate_evaluation"):
             after = suite_scores(candidate, suites, cfg)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
         ledger = [{"phase": k, **{f: v[f] for f in ("seconds", "dollars", "flops", "prompt_tokens",
-                                                    "generated_tokens", "trained_tokens")}}
-                  for k, v in summary["economics"]["phases"].items()]
+                                                    "generated_tokens", "trained_tokens") if f in v}}
+                  for k, v in trained.items()]
         ledger += [{"phase": k, "seconds": sec, "dollars": profile.dollars(sec)} for k, sec in phases.seconds.items()]
         # every second of the round is on the ledger: what no phase timed (store reads, summaries) too
         finished = time.time()
@@ -119,9 +130,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             metrics={"target": target, "served_version": current["version"], "trained_from": start["version"],
                      "before": before, "after": after, "why": why, "curriculum": cur_stats,
                      "drift": drift,
-                     "training": training_stats(summary),
-                     "economics": {k: summary["economics"].get(k) for k in
-                                   ("dollars", "post_training_dollars", "cost_per_1m_generated_tokens")}})
+                     "training": training, "economics": economics})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {v:.3f}" for k, v in after.items()))
         write_loop_files(store, cfg, target, loop_dir, profiles)
         bar.update(1)

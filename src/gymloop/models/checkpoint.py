@@ -32,7 +32,8 @@ def quiet_transformers() -> Iterator[None]:
 
 def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
                extra: dict | None = None) -> Path:
-    """Write config.json, model.safetensors and tokenizer files atomically.
+    """Write config.json, model.safetensors and tokenizer files atomically (a LoRA model: merged,
+    with its adapter in adapter/, models/lora.py).
 
     Written to a sibling temp directory and renamed, so a crash never leaves a half-written
     model where a good one was expected.
@@ -41,9 +42,15 @@ def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    from .lora import ADAPTER_DIR, is_lora, merged, save_adapter
+
+    lora = is_lora(model)
     with quiet_transformers():
-        model.save_pretrained(tmp, safe_serialization=True)
+        # LoRA: the merged model, so the directory loads like any other, and the adapter beside it
+        (merged(model) if lora else model).save_pretrained(tmp, safe_serialization=True)
         tok.hf.save_pretrained(tmp)
+    if lora:
+        save_adapter(model, tmp / ADAPTER_DIR)
     if extra is not None:
         (tmp / "gymloop.json").write_text(json.dumps(extra, indent=2))
     old = path.with_name(path.name + ".old")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -107,11 +108,20 @@ def _trainer(cfg: TrainConfig, model):
     return trainer
 
 
+# After each step: (step, metrics, save) -> None to go on, or a reason to stop now ("paused",
+# "cancelled"). `save(path)` writes the model and trainer state as they are (a checkpoint that
+# `model: path` plus `init_trainer_state: path` resume from). metrics: reward, loss, ... of the
+# step, and heldout_pass1 / heldout_reward when it evaluated.
+StepHook = Callable[[int, dict, Callable[[str], None]], "str | None"]
+
+
 def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] = print,
-          task_source: Callable[[int], list] | None = None) -> dict:
+          task_source: Callable[[int], list] | None = None, env=None, on_step: StepHook | None = None) -> dict:
     """Run GRPO as configured; return the summary (also written to summary.json).
 
     `task_source(step) -> tasks` replaces sampling fresh train tasks (the loop's curriculum).
+    `env`: an environment built by the caller (cfg.env.options cannot carry live objects, such as
+    a score_model grader's server); the caller closes it. `on_step`: see StepHook.
     """
     t_start = time.perf_counter()
     phases = Phases()
@@ -124,6 +134,12 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
     run = RunDir(cfg.run_dir, cfg.name, cfg, cfg.logging)
     echo(f"run directory: {run.path}")
     model, tok = load_model(model_path)
+    if cfg.grpo.lora is not None:        # only the adapters train; every save writes merged + adapter/
+        from ..models.lora import wrap
+
+        model = wrap(model, cfg.grpo.lora.model_dump(), cfg.init_adapter and Path(cfg.init_adapter))
+    elif cfg.init_adapter:
+        raise ValueError("init_adapter continues a LoRA adapter: it needs grpo.lora")
     if cfg.device == "cuda":
         to_gpu(model, "device: cuda")
     parameters, active_parameters = count_parameters(model)
@@ -133,7 +149,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                     record_routing=cfg.grpo.router_replay)
     echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
                                                      if engine.native_unsupported else ""))
-    env = make_env(cfg.env.name, **cfg.env.options)
+    env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
     heldout = env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed)
     g = cfg.grpo
     loss = policy_loss(g)
@@ -187,7 +203,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 overlapped["verification"] += st.env_seconds
             ledger.add("generation", prompt_tokens=st.prompt_tokens, generated_tokens=st.generated_tokens)
             tokens_generated += st.generated_tokens
-            metrics = {}
+            metrics, trained = {}, 0
             with phases.time("training"):
                 zero_groups += adv.zero_signal_groups
                 total_groups += adv.groups
@@ -195,7 +211,8 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                     batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id, replay=g.router_replay)
                     metrics = trainer.step(batch, adv.advantages, loss, temperature=cfg.sampling.temperature,
                                            epochs=g.epochs, minibatches=g.minibatches)
-                    ledger.add("training", trained_tokens=int(batch.attention_mask.sum()) * g.epochs)
+                    trained = int(batch.attention_mask.sum()) * g.epochs
+                    ledger.add("training", trained_tokens=trained)
             with phases.time("weight_sync"):
                 sync.publish(step)
             version = step
@@ -214,8 +231,17 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 ledger.add("evaluation", generated_tokens=last.generated_tokens)
                 run.log("eval", step=step, **last.as_dict())
                 curve.append({"step": step, "pass1": last.pass1, "train_seconds": train_clock()})
+                metrics.update(heldout_pass1=last.pass1, heldout_reward=last.mean_reward)
                 if cfg.stop_at_pass1 is not None and last.pass1 >= cfg.stop_at_pass1:
                     echo(f"held-out pass@1 {last.pass1:.3f} >= {cfg.stop_at_pass1} at step {step}: stopping")
+                    break
+            if on_step is not None:
+                def save(path: str) -> None:
+                    save_model(model, tok, path, extra={"base_model": str(model_path), "version": step})
+                    trainer.save_state(path)
+                stop = on_step(step, {"reward": reward, "errors": st.errors, "trained_tokens": trained, **metrics}, save)
+                if stop is not None:
+                    echo(f"stopped at step {step}: {stop}")
                     break
         with phases.time("weight_sync"):
             sync.finish(version)

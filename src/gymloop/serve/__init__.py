@@ -40,7 +40,8 @@ def build(cfg: ServeConfig):
 
         jobs = Path(cfg.jobs_dir) if cfg.jobs_dir else Path(cfg.db).resolve().parent / "ft-jobs"
         app.state.worker = JobWorker(store, jobs, app.state.resolve_trainable, profiles[cfg.cost_profile],
-                                     cfg.cost_profile, checkpoint_every=cfg.checkpoint_every).start()
+                                     cfg.cost_profile, checkpoint_every=cfg.checkpoint_every,
+                                     chat=app.state.grader_chat).start()
     return app, batcher, store
 
 

@@ -153,7 +153,8 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
     app = FastAPI(title="gymloop", version="0.1.0")
     name = base_name = cfg.served_name()      # chat() rebinds `name` to the model a request names
-    keys = set(cfg.api_keys) | {k for k in os.environ.get("GYMLOOP_API_KEYS", "").split(",") if k}
+    keys = (set(cfg.api_keys) | set(cfg.admin_keys)
+            | {k for k in os.environ.get("GYMLOOP_API_KEYS", "").split(",") if k})
     metrics = Metrics()
     app.state.store, app.state.batcher, app.state.metrics = store, batcher, metrics
 
@@ -178,8 +179,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         """(key id for traces, tenant): every key is a tenant, named by a hash of the key."""
         if not cfg.require_auth:
             return None, "org-public"
-        header = request.headers.get("authorization", "")
-        key = header[7:] if header.lower().startswith("bearer ") else ""
+        key = _bearer(request)
         if not key or key not in keys:
             raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
                            "authentication_error")
@@ -215,6 +215,20 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         return store.fine_tuned_model(tenant, model)
 
     app.state.resolve_trainable = resolve_trainable
+
+    def grader_chat(tenant: str, model: str, messages: list[dict], sampling: dict) -> str:
+        """A score_model grader's call: `model` (one `tenant` may use) answers `messages`.
+        Not a production request: no trace is stored. sampling: temperature (default 0: greedy),
+        top_p, seed, max_completions_tokens (default 16)."""
+        b, t, _ = served(model, tenant)
+        max_tokens = min(int(sampling.get("max_completions_tokens") or 16), cfg.max_tokens_limit)
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=float(sampling.get("temperature") or 0.0),
+                                top_p=float(sampling.get("top_p") or 1.0), stop_token_ids=t.eos_token_ids,
+                                seed=sampling.get("seed"))
+        gen = b.submit(t.prompt_ids(messages), params).future.result(timeout=300)
+        return t.decode(gen.token_ids)
+
+    app.state.grader_chat = grader_chat
 
     async def body_json(request: Request) -> Any:
         raw = await request.body()
@@ -388,8 +402,17 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
 
     if cfg.fine_tuning:
         add_routes(app, store=store, tenant_of=lambda r: authenticate(r)[1], body_json=body_json, validate=validate,
-                   error=APIError, trainable=lambda tenant, model: resolve_trainable(tenant, model) is not None)
+                   error=APIError, trainable=lambda tenant, model: resolve_trainable(tenant, model) is not None,
+                   chat=grader_chat,
+                   servable=lambda tenant, model: model == name or store.fine_tuned_model(tenant, model) is not None,
+                   is_admin=lambda r: bool(cfg.require_auth and _bearer(r) in set(cfg.admin_keys)),
+                   production_dir=lambda: resolve_trainable("", name))
     return app
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    return header[7:] if header.lower().startswith("bearer ") else ""
 
 
 def _load_for_serving(path: str, cfg: ServeConfig) -> tuple[Batcher, ChatTokenizer, int]:

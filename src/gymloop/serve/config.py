@@ -13,6 +13,8 @@ class ServeConfig(BaseModel):
     model_name: str | None = Field(None, description="Model id clients send (default: gymloop-<model>).")
     db: str = Field("gymloop.db", description="SQLite store for traces and feedback.")
     api_keys: list[str] = Field(default_factory=list, description="Accepted Bearer keys (also GYMLOOP_API_KEYS).")
+    admin_keys: list[str] = Field(default_factory=list, description="Keys (accepted like api_keys) that may also "
+                                  "promote a fine-tuned model into production through the gate.")
     require_auth: bool = Field(True, description="Refuse requests without a valid key (401, no trace).")
     max_request_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted (413 above).")
     max_prompt_tokens: int = Field(2048, ge=16, description="Longest rendered prompt accepted (400 above).")

@@ -11,12 +11,17 @@ from typing import Annotated, Any, Callable, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from .openapi import error_responses, json_body, json_int
 from ..store import Store
+from ..config import EnvSpec
+from ..envs.graders import GraderError, Runtime, SandboxPython
+from ..loop.gate import GateConfig
 from ..finetune.formats import FormatError, parse
+from ..finetune.archive import FORMATS
+from ..models.lora import LoraOptions
 from ..finetune.methods import BASE_LR, resolve
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -41,6 +46,83 @@ class Hyperparameters(BaseModel):
         None, description="dpo: weight of an NLL term on the preferred answer (RPO).")
     length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
     reference_free: bool | None = Field(None, description="dpo: no reference model.")
+    lora: LoraOptions | None = Field(None, description="supervised, dpo: train LoRA adapters (peft) instead of "
+                                     "every weight.")
+    compute_multiplier: Annotated[float, Field(gt=0, le=64)] | Auto | None = Field(
+        None, description="reinforcement: samples per prompt = 8 x this (at least 2).")
+    group_size: json_int(2, 256) | Auto | None = Field(None, description="reinforcement: samples per prompt "
+                                                        "(overrides compute_multiplier).")
+    max_new_tokens: json_int(1, 4096) | Auto | None = Field(None, description="reinforcement: most tokens per "
+                                                             "sampled answer.")
+    eval_interval: json_int(0, 100000) | Auto | None = Field(None, description="reinforcement: steps between "
+                                                              "held-out evaluations (0: at the end only).")
+    eval_samples: json_int(1, 100000) | Auto | None = Field(None, description="reinforcement: held-out prompts "
+                                                             "evaluated (validation_file, else training prompts).")
+
+
+# --- graders, as request bodies carry them (envs/graders.py runs them) --------------------
+class _Grader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("", max_length=256, description="The grader's name (a multi grader's formula uses its key).")
+
+
+class StringCheckGrader(_Grader):
+    type: Literal["string_check"]
+    input: str = Field(description="Template, e.g. {{sample.output_text}}.")
+    reference: str = Field(description="Template, e.g. {{item.answer}}.")
+    operation: Literal["eq", "ne", "like", "ilike"]
+
+
+class TextSimilarityGrader(_Grader):
+    type: Literal["text_similarity"]
+    input: str
+    reference: str
+    evaluation_metric: Literal["fuzzy_match", "bleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5",
+                               "rouge_l"]
+
+
+class PythonGrader(_Grader):
+    type: Literal["python"]
+    source: str = Field(max_length=1 << 20, description="Defines grade(sample, item) -> float in [0, 1]; run in "
+                        "gymloop's sandbox.")
+    image_tag: str | None = Field(None, description="Accepted for compatibility; the sandbox's Python runs it.")
+
+
+class ModelMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    type: Literal["message"] | None = None
+
+
+class ScoreModelGrader(_Grader):
+    type: Literal["score_model"]
+    model: str = Field(min_length=1, description="A model this server serves (the base or one of yours).")
+    input: list[ModelMessage] = Field(min_length=1, description="Messages with templates; the reply is the score.")
+    range: Annotated[list[StrictFloat | StrictInt], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="[low, high] of the score (default [0, 1]), mapped to [0, 1].")
+    sampling_params: dict[str, Any] | None = Field(None, description="temperature, top_p, seed, "
+                                                   "max_completions_tokens.")
+
+
+# a multi grader's parts: any grader but another multi (as OpenAI's)
+SubGrader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader | ScoreModelGrader,
+                      Field(discriminator="type")]
+
+
+class MultiGrader(_Grader):
+    type: Literal["multi"]
+    graders: Annotated[dict[str, SubGrader], Field(min_length=1)] | SubGrader = Field(
+        description="Named sub-graders (or one grader, named by its name, as the openai client types it).")
+    calculate_output: str = Field(min_length=1, description="A formula of the names: numbers, + - * /, min max abs.")
+
+
+Grader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader | ScoreModelGrader | MultiGrader,
+                   Field(discriminator="type")]
+
+
+def grader_dict(g: BaseModel) -> dict:
+    return g.model_dump(exclude_none=True)
 
 
 class MethodOptions(BaseModel):
@@ -48,11 +130,36 @@ class MethodOptions(BaseModel):
     hyperparameters: Hyperparameters | None = None
 
 
+class ReinforcementOptions(MethodOptions):
+    grader: Grader = Field(description="The grader that rewards each sampled answer.")
+
+
 class MethodBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["supervised", "dpo"] = Field(description="supervised or dpo (reinforcement: not yet).")
+    type: Literal["supervised", "dpo", "reinforcement"]
     supervised: MethodOptions | None = None
     dpo: MethodOptions | None = None
+    reinforcement: ReinforcementOptions | None = None
+
+
+class PromoteRequest(BaseModel):
+    """POST /v1/fine_tuning/jobs/{id}/promote (admin keys): the job's model through the loop's
+    gate into the production slot. The suites are scored for production and candidate now."""
+
+    model_config = ConfigDict(extra="forbid")
+    env: EnvSpec = Field(description="The target suite: an environment and its options (as a loop's env).")
+    suites: list[str] = Field(default_factory=list, max_length=16, description="Other held-out suites that must "
+                              "not fall by more than epsilon.")
+    eval_tasks: json_int(1, 100000) = Field(200, description="Held-out tasks per suite.")
+    max_new_tokens: json_int(1, 4096) = Field(8, description="Most tokens per model turn in the evaluation.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="delta and epsilon of the gate.")
+
+
+class GraderValidate(BaseModel):
+    """POST /v1/fine_tuning/alpha/graders/validate."""
+
+    model_config = ConfigDict(extra="forbid")
+    grader: Grader = Field(description="A grader object.")
 
 
 class JobCreate(BaseModel):
@@ -77,7 +184,7 @@ class GraderRun(BaseModel):
     """POST /v1/fine_tuning/alpha/graders/run."""
 
     model_config = ConfigDict(extra="forbid")
-    grader: dict = Field(description="A grader object (string_check, text_similarity, python, multi).")
+    grader: Grader = Field(description="A grader object.")
     model_sample: str = Field(description="The model output the grader scores ({{sample.output_text}}).")
     item: dict | None = Field(None, description="The data item ({{item.<field>}}).")
 
@@ -91,6 +198,7 @@ def _file(f: dict) -> dict:
 def _job(j: dict) -> dict:
     t = j["method"]["type"]
     public = j["hyperparameters"]["public"]
+    options = {"hyperparameters": public, **({"grader": j["method"]["grader"]} if "grader" in j["method"] else {})}
     return {"id": j["id"], "object": "fine_tuning.job", "created_at": int(j["created"]), "model": j["model"],
             "status": j["status"], "training_file": j["training_file"], "validation_file": j["validation_file"],
             "fine_tuned_model": j["fine_tuned_model"],
@@ -98,7 +206,7 @@ def _job(j: dict) -> dict:
             "estimated_finish": None, "trained_tokens": j["trained_tokens"],
             "result_files": j["result_files"] or [], "organization_id": j["tenant"], "seed": j["seed"],
             "hyperparameters": {k: public[k] for k in ("n_epochs", "batch_size", "learning_rate_multiplier")},
-            "method": {"type": t, t: {"hyperparameters": public}}, "error": j["error"],
+            "method": {"type": t, t: options}, "error": j["error"],
             "integrations": [], "metadata": j["metadata"] or None, "suffix": j["suffix"]}
 
 
@@ -118,9 +226,13 @@ def _page(items: list[dict], more: bool) -> dict:
 
 
 def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str], body_json, validate,
-               error: type[Exception], trainable: Callable[[str, str], bool]) -> None:
+               error: type[Exception], trainable: Callable[[str, str], bool],
+               chat: Callable[[str, str, list, dict], str], servable: Callable[[str, str], bool],
+               is_admin: Callable[[Request], bool], production_dir: Callable[[], str]) -> None:
     """Mount the routes. `tenant_of(request)` authenticates; `trainable(tenant, model)` says whether
-    a job may start from `model`."""
+    a job may start from `model`; `chat(tenant, model, messages, sampling)` answers score_model
+    graders, whose model must be `servable(tenant, model)`; `is_admin(request)` says whether the
+    key may promote; `production_dir()` is the served base model's directory."""
 
     def limit_of(request: Request) -> int:
         raw = request.query_params.get("limit", "20")
@@ -189,32 +301,40 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         return {"id": file_id, "object": "file", "deleted": True}
 
     # --- graders ---------------------------------------------------------------------------
-    sandbox: list = []          # the python graders' sandbox pool, made on first use
+    python = SandboxPython()           # python graders run in the sandbox, never in this process
+    app.state.close_graders = python.close
 
-    def run_python(source: str, sample: dict, item: dict) -> float:
-        """grade(sample, item) in gymloop's sandbox, never in this process."""
-        from ..envs.jsonl import grade_program, score_from_grade
-        from ..finetune.graders import GraderError
-        from ..sandbox import Limits, Pool
+    def runtime(tenant: str) -> Runtime:
+        return Runtime(python=python, chat=lambda model, messages, sampling: chat(tenant, model, messages, sampling))
 
-        if not sandbox:
-            sandbox.append(Pool(slots=2, limits=Limits(timeout_s=10.0, memory_mb=512)))
-        score = score_from_grade(sandbox[0].run(source=grade_program(source, sample, item)))
-        if score.error:
-            raise GraderError(score.error, "python_grader_runtime_error")
-        return score.reward
+    def check_grader(tenant: str, grader: dict, param: str) -> None:
+        from ..envs.graders import validate as check
 
-    app.state.close_graders = lambda: [p.close() for p in sandbox]
+        try:
+            check(grader, served=lambda model: servable(tenant, model))
+        except GraderError as exc:
+            raise error(400, f"invalid grader: {exc}", param=param) from None
 
     @app.post("/v1/fine_tuning/alpha/graders/run", openapi_extra=json_body(GraderRun),
               responses=error_responses(400, 401, 413))
     async def run_grader(request: Request):
         """The reward a grader gives a sample; a grader that fails says so in metadata.errors."""
-        from ..finetune.graders import run
+        from ..envs.graders import run
 
-        tenant_of(request)
+        tenant = tenant_of(request)
         body: GraderRun = validate(GraderRun, await body_json(request))
-        return await run_in_threadpool(run, body.grader, body.model_sample, body.item or {}, run_python)
+        return await run_in_threadpool(run, grader_dict(body.grader), body.model_sample, body.item or {},
+                                       runtime(tenant))
+
+    @app.post("/v1/fine_tuning/alpha/graders/validate", openapi_extra=json_body(GraderValidate),
+              responses=error_responses(400, 401, 413))
+    async def validate_grader(request: Request):
+        """The grader back when it is well-formed (every part checked, python parsed, not run);
+        a 400 naming what is wrong otherwise."""
+        tenant = tenant_of(request)
+        body: GraderValidate = validate(GraderValidate, await body_json(request))
+        await run_in_threadpool(check_grader, tenant, grader_dict(body.grader), "grader")
+        return {"grader": grader_dict(body.grader)}
 
     # --- jobs ------------------------------------------------------------------------------
     def check_create(tenant: str, body: JobCreate) -> tuple[str, dict, int]:
@@ -244,18 +364,24 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
             hp = resolve(method, given, n)
         except ValueError as exc:       # the schema bounds each value; this is a combination
             raise error(409, f"hyperparameters: {exc}", param="hyperparameters") from None
-        return method, {"resolved": hp.__dict__, "public": hp.public(method)}, n
+        spec = {"type": method}
+        if method == "reinforcement":
+            if options is None:
+                raise error(400, "method.reinforcement (with its grader) is required", param="method.reinforcement")
+            spec["grader"] = grader_dict(options.grader)
+            check_grader(tenant, spec["grader"], "method.reinforcement.grader")
+        return spec, {"resolved": hp.__dict__, "public": hp.public(method)}, n
 
     @app.post("/v1/fine_tuning/jobs", openapi_extra=json_body(JobCreate),
               responses=error_responses(400, 401, 404, 409, 413))
     async def create_job(request: Request):
         tenant = tenant_of(request)
         body: JobCreate = validate(JobCreate, await body_json(request))
-        method, hyper, _ = await run_in_threadpool(check_create, tenant, body)
+        spec, hyper, _ = await run_in_threadpool(check_create, tenant, body)
         job = store.add_job(tenant=tenant, model=body.model, training_file=body.training_file,
                             validation_file=body.validation_file, suffix=body.suffix,
                             seed=body.seed if body.seed is not None else int(time.time()) % 2**31,
-                            metadata=body.metadata or {}, method={"type": method}, hyperparameters=hyper)
+                            metadata=body.metadata or {}, method=spec, hyperparameters=hyper)
         return _job(job)
 
     @app.post("/v1/fine_tuning/jobs/estimate", openapi_extra=json_body(JobCreate),
@@ -265,8 +391,9 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         throughput this server's trainer measured, when it has finished a job."""
         tenant = tenant_of(request)
         body: JobCreate = validate(JobCreate, await body_json(request))
-        method, hyper, _ = await run_in_threadpool(check_create, tenant, body)
-        tokens = await run_in_threadpool(_tokens_of, store, tenant, body.training_file, method)
+        spec, hyper, _ = await run_in_threadpool(check_create, tenant, body)
+        method = spec["type"]
+        tokens = await run_in_threadpool(_tokens_of, store, tenant, body.training_file, method, hyper["resolved"])
         trained = tokens * hyper["resolved"]["n_epochs"]
         rate = store.fine_tuning_rate()
         out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
@@ -327,10 +454,103 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         app.get(f"/v1/fine_tuning/jobs/{{job_id}}/{what}", name=f"job_{what}",
                 responses=error_responses(400, 401, 404))(job_list(read, shape))
 
+    @app.post("/v1/fine_tuning/jobs/{job_id}/promote", openapi_extra=json_body(PromoteRequest),
+              responses=error_responses(400, 401, 403, 404, 409, 413))
+    async def promote(job_id: str, request: Request):
+        """An admin key's request: the job's fine-tuned model replaces the production model (the
+        one this server and `gymloop run` serve and train from) if the loop's gate passes it."""
+        tenant = tenant_of(request)
+        if not is_admin(request):
+            raise error(403, "promoting into production needs an admin key (gymloop serve --admin-key)",
+                        "permission_error")
+        job = own_job(tenant, job_id)
+        if job["status"] != "succeeded":
+            raise error(409, f"job {job_id} is {job['status']}; only a succeeded job's model can be promoted",
+                        param="fine_tuning_job_id")
+        body: PromoteRequest = validate(PromoteRequest, await body_json(request))
+        return await run_in_threadpool(_promote, store, job, body, production_dir(), error)
 
-def _tokens_of(store: Store, tenant: str, file_id: str, method: str) -> int:
+    @app.get("/v1/fine_tuning/jobs/{job_id}/checkpoints/{checkpoint_id}/content", responses={
+        200: {"description": "the checkpoint as a .tar.gz of one directory", "content": {"application/gzip": {}}},
+        **error_responses(400, 401, 404, 409)}, openapi_extra={"parameters": [
+            {"name": "format", "in": "query", "required": False,
+             "schema": {"type": "string", "enum": list(FORMATS), "default": "merged"}}]})
+    async def checkpoint_content(job_id: str, checkpoint_id: str, request: Request):
+        """A checkpoint to load with Hugging Face: format=merged, the model (LoRA folded in), for
+        AutoModelForCausalLM.from_pretrained; format=adapter, a LoRA job's adapter, for
+        PeftModel.from_pretrained(base, dir)."""
+        tenant = tenant_of(request)
+        own_job(tenant, job_id)
+        ckpt = found(store.get_checkpoint(job_id, checkpoint_id), f"checkpoint: {checkpoint_id}", "checkpoint_id")
+        format = request.query_params.get("format", "merged")
+        if format not in FORMATS:
+            raise error(400, f"format must be one of {', '.join(FORMATS)} (got {format!r})", param="format")
+        name = ckpt["model_id"].replace(":", "_") + ("-adapter" if format == "adapter" else "")
+        return await run_in_threadpool(_archive_response, ckpt, format, name, error)
+
+
+SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "vocab_size", "num_local_experts")
+
+
+def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error) -> dict:
+    """The gate's verdict on a job's model, recorded as an event of the job."""
+    import json
+    from pathlib import Path
+
+    from ..loop.gate import gate_and_promote
+    from ..loop.rounds import LoopConfig
+
+    current = store.promoted()
+    production = current["path"] if current else base_dir
+    shape = lambda d: {k: v for k, v in json.loads((Path(d) / "config.json").read_text()).items() if k in SHAPE_KEYS}  # noqa: E731
+    if shape(job["final_path"]) != shape(production):
+        # servers swap weights in place: a model of another shape cannot take the slot
+        raise error(409, f"the model of {job['id']} has another architecture than production ({production})",
+                    param="fine_tuning_job_id")
+    cfg = LoopConfig(env=body.env, suites=body.suites, gate=body.gate, store=str(store.path),
+                     eval={"tasks": body.eval_tasks, "every": 0, "max_new_tokens": body.max_new_tokens})
+    try:
+        out = gate_and_promote(store, job["final_path"], base_dir, cfg)
+    except ValueError as exc:        # an environment that cannot be built, too few held-out tasks
+        raise error(400, str(exc), param="env") from None
+    msg = (f"Promoted to production as version {out['version']}: {out['why']}" if out["promoted"]
+           else f"Not promoted (production stays version {out['production_version']}): {out['why']}")
+    store.add_event(job["id"], "info", msg, "message", out)
+    return {"object": "fine_tuning.job.promotion", "fine_tuning_job_id": job["id"],
+            "fine_tuned_model": job["fine_tuned_model"], **out}
+
+
+def _archive_response(ckpt: dict, fmt: str, name: str, error) -> Response:
+    """The checkpoint as a .tar.gz, written to a temporary file and streamed (a model may not
+    fit in memory twice); the file is removed once sent."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from starlette.background import BackgroundTask
+    from starlette.responses import FileResponse
+
+    from ..finetune.archive import write_archive
+
+    fd, tmp = tempfile.mkstemp(suffix=".tar.gz")
+    os.close(fd)
+    try:
+        write_archive(Path(ckpt["path"]), fmt, Path(tmp), name)
+    except ValueError as exc:
+        os.unlink(tmp)
+        raise error(409, str(exc), param="format") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return FileResponse(tmp, media_type="application/gzip", filename=f"{name}.tar.gz",
+                        background=BackgroundTask(os.unlink, tmp))
+
+
+def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -> int:
     """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
-    other tokenizers)."""
+    other tokenizers; reinforcement: group_size samples of each prompt, each at most
+    max_new_tokens long)."""
     from ..bases.nano import nano_tokenizer
     from ..finetune.methods import completion_example, sft_example
 
@@ -338,6 +558,9 @@ def _tokens_of(store: Store, tenant: str, file_id: str, method: str) -> int:
     rows = parse(store.file_content(tenant, file_id)).rows
     if method == "supervised":
         return sum(len(sft_example(tok, r)[0]) for r in rows)
+    if method == "reinforcement":
+        return sum(hp["group_size"] * (len(tok.prompt_ids(r["messages"], tools=r.get("tools"))) + hp["max_new_tokens"])
+                   for r in rows)
     return sum(len(completion_example(tok, r["input"]["messages"], r[k], r["input"].get("tools"))[0])
                for r in rows for k in ("preferred_output", "non_preferred_output"))
 

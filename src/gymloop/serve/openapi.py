@@ -44,7 +44,7 @@ def json_body(body: type[BaseModel], narrow: dict[str, dict] | None = None) -> d
 
 
 def error_responses(*codes: int) -> dict:
-    why = {400: "bad request (the message names the field)", 401: "missing or invalid API key",
+    why = {400: "bad request (the message names the field)", 401: "missing or invalid API key", 403: "the key may not do this (admin only)",
            404: "unknown model, trace, file or job (another tenant's ids too)", 409: "not in a state that allows it",
            413: "request body too large", 422: "unprocessable request", 503: "retry: the model was unloaded"}
     return {c: {"model": ErrorBody, "description": why[c]} for c in codes}

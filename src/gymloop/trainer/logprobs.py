@@ -93,3 +93,43 @@ def logprobs_and_aux(model: torch.nn.Module, batch: TokenBatch,
     if aux is not None:
         aux = aux * model.config.router_aux_loss_coef
     return torch.nn.functional.pad(lp, (1, 0)), aux                # [N, L]
+
+
+MIN_SHARED_PREFIX = 8     # shorter shared prefixes are not worth a second forward call
+
+
+def shared_prefix(batch: TokenBatch) -> int:
+    """P: how many leading tokens every row has in common (a chat template's system prompt, a
+    DPO pair's prompt), capped so that no trained token is predicted from inside the prefix
+    (the token at position t is predicted from position t - 1, so P <= first trained - 1)."""
+    same = (batch.input_ids == batch.input_ids[:1]).all(0) & batch.attention_mask.bool().all(0)    # [L]
+    run = int(same.long().cumprod(0).sum())
+    trained = batch.loss_mask.bool()
+    first = int(trained.float().argmax(-1)[trained.any(-1)].min()) if trained.any() else batch.input_ids.shape[1]
+    return max(0, min(run, first - 1))
+
+
+def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values as
+    token_logprobs with less work: the prefix all rows share runs once (its keys and values
+    repeated for every row, gradients flowing back through them), and the vocabulary
+    projection runs only at positions that predict a trained token. MoE models (router losses
+    and replay over every position) and batches without a long shared prefix take the plain
+    path."""
+    n, length = batch.input_ids.shape
+    p = shared_prefix(batch)
+    if routers(model) or p < MIN_SHARED_PREFIX:
+        return token_logprobs(model, batch) * batch.loss_mask
+    head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
+    cache = head.cache
+    cache.batch_repeat_interleave(n)                                   # [1, heads, P, d] -> [N, heads, P, d]
+    # suffix positions P..L-1; position j predicts token j + 1: keep the ones before a trained token
+    want = batch.loss_mask[:, p + 1:].bool().any(0).nonzero().squeeze(-1)   # [K] offsets into the suffix
+    out = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
+                use_cache=False, logits_to_keep=want)
+    logp = torch.log_softmax(out.logits.float(), -1)                   # [N, K, V]
+    tgt = batch.input_ids[:, p + 1:][:, want]                          # [N, K]
+    lp = logp.gather(-1, tgt[..., None]).squeeze(-1)                   # [N, K]
+    full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
+    full[:, p + 1 + want] = lp
+    return full * batch.loss_mask

@@ -102,7 +102,7 @@ def trainable_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> lis
     regular expressions; the others are frozen (requires_grad False), so autograd does not go
     below the lowest trained one."""
     if not patterns:
-        return list(model.parameters())
+        return [p for p in model.parameters() if p.requires_grad]      # LoRA: the adapters
     keep = []
     for name, p in model.named_parameters():
         p.requires_grad_(any(re.search(pat, name) for pat in patterns))

@@ -1,0 +1,150 @@
+"""SFT and DPO training speed, gymloop's fine-tuning trainer (finetune/methods.py, what API jobs
+run) against TRL's `SFTTrainer` / `DPOTrainer`, on the same rows, model, batch size and steps,
+in one run: nano with every weight trained, and SmolLM2-135M-Instruct with LoRA (same rank,
+alpha and target modules on both sides).
+
+    python bench/finetune_vs_trl.py [--repeats 3] [--nano-steps 30] [--smol-steps 8]
+
+Both sides: float32, one torch thread, no gradient checkpointing, no evaluation or saving
+inside the timed steps; DPO's reference log-probs computed before training on both sides (TRL:
+precompute_ref_log_probs). Tokens/s = the non-padding tokens of the timed steps (the same rows on
+both sides: one epoch) / the seconds from the end of step 1 to the end of the last step (step 1
+holds one-time work on both sides). Median of --repeats runs, alternating the two.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+import torch
+
+from gymloop.bases.registry import resolve_model
+from gymloop.finetune.methods import Hyper, JobRun, Progress, train_tokens
+from gymloop.models.checkpoint import load_model
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def rows(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        out.append((f"{a}+{b}=", str(a + b), str(a + b + rng.choice([-10, -1, 1, 10]))))
+    return out
+
+
+def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None) -> tuple[float, int]:
+    """(steady seconds, steady tokens) of one epoch through train_tokens."""
+    if method == "supervised":
+        r = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c, _ in data]
+    else:
+        r = [{"input": {"messages": [{"role": "user", "content": p}]},
+              "preferred_output": [{"role": "assistant", "content": c}],
+              "non_preferred_output": [{"role": "assistant", "content": w}]} for p, c, w in data]
+    marks: list[tuple[float, int]] = []
+    hp = Hyper(n_epochs=1, batch_size=batch, learning_rate=lr, lora=lora)
+    progress = Progress(on_metrics=lambda m: marks.append((time.perf_counter(), m["trained_tokens"])),
+                        on_checkpoint=lambda *a: None, should_stop=lambda: None, checkpoint_every=10**9)
+    train_tokens(method, JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
+    return marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
+
+
+def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None) -> float:
+    """Steady seconds of one epoch of TRL on the same rows."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    model, tok = load_model(model_dir)
+    ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            ends.append(time.perf_counter())
+
+    common_args = dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, num_train_epochs=1,
+                       learning_rate=lr, report_to=[], use_cpu=True, bf16=False, fp16=False, save_strategy="no",
+                       logging_steps=10**6, disable_tqdm=True, gradient_checkpointing=False, dataloader_num_workers=0,
+                       max_length=None, lr_scheduler_type="constant", warmup_steps=0)
+    peft = None
+    if lora:
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=lora["target_modules"],
+                          task_type="CAUSAL_LM")
+    if method == "supervised":
+        from trl import SFTConfig, SFTTrainer
+
+        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}],
+                                 "completion": [{"role": "assistant", "content": c}]} for p, c, _ in data])
+        trainer = SFTTrainer(model=model, args=SFTConfig(**common_args), train_dataset=ds, processing_class=tok.hf,
+                             peft_config=peft, callbacks=[Clock()])
+    else:
+        from trl import DPOConfig, DPOTrainer
+
+        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
+                                 "rejected": [{"role": "assistant", "content": w}]} for p, c, w in data])
+        trainer = DPOTrainer(model=model, args=DPOConfig(**common_args, beta=0.1, precompute_ref_log_probs=True),
+                             train_dataset=ds, processing_class=tok.hf, peft_config=peft, callbacks=[Clock()])
+    with contextlib.redirect_stdout(io.StringIO()):      # the Trainer prints its summary dict
+        trainer.train()
+    return ends[-1] - ends[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--nano-steps", type=int, default=30)
+    ap.add_argument("--nano-batch", type=int, default=16)
+    ap.add_argument("--smol-steps", type=int, default=8)
+    ap.add_argument("--smol-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()
+    cases = [("nano", resolve_model("nano", progress=False), args.nano_steps, args.nano_batch, None, 1e-3)]
+    from gymloop.bases.smollm2 import available
+
+    if available() is None:
+        cases.append(("SmolLM2-135M + LoRA", resolve_model("smollm2", progress=False), args.smol_steps, args.smol_batch,
+                      {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS}, 1e-4))
+    else:
+        print(f"SmolLM2 skipped: {available()}")
+    table = [["model", "method", "batch", "steps", "gymloop tok/s", "TRL tok/s", "ratio"]]
+    out = []
+    for name, path, steps, batch, lora, lr in cases:
+        data = rows(steps * batch)
+        for method in ("supervised", "dpo"):
+            ours_s, theirs_s, tokens = [], [], 0
+            for _ in range(args.repeats):
+                sec, tokens = ours(method, path, data, batch, lr, lora)
+                ours_s.append(sec)
+                theirs_s.append(theirs(method, path, data, batch, lr, lora))
+            a, b = tokens / statistics.median(ours_s), tokens / statistics.median(theirs_s)
+            table.append([name, "SFT" if method == "supervised" else "DPO", batch, steps, f"{a:,.0f}", f"{b:,.0f}",
+                          f"{a / b:.2f}x"])
+            out.append({"model": name, "method": method, "batch": batch, "steps": steps, "tokens": tokens,
+                        "gymloop_seconds": ours_s, "trl_seconds": theirs_s, "ratio": a / b})
+            print(common.table(table[:1] + table[-1:]), flush=True)
+    print(f"\nSFT / DPO training speed vs TRL ({args.threads} thread(s), median of {args.repeats}; tokens of steps 2..N)")
+    print(common.table(table))
+    common.save("finetune_vs_trl", {"args": vars(args), "results": out})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

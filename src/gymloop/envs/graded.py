@@ -1,0 +1,145 @@
+"""The `graded` environment: prompts of a reinforcement fine-tuning file (OpenAI's format), each
+reply scored by a grader (envs/graders.py). It is what a fine-tuning API job of method
+`reinforcement` trains on, and works as any environment in `gymloop train`:
+
+    env: {name: graded, options: {path: train.jsonl, heldout_path: valid.jsonl,
+                                  grader: {type: python, source: "def grade(sample, item): ..."}}}
+
+A line is {"messages": [... ending with a user or developer turn], <any fields>}; the grader's
+`item` is the whole line, `sample.output_text` the reply. A grader that fails (a python grader
+that raises, a template naming a missing field) makes the episode an error, excluded from
+training, never a reward of 0. Without `heldout_path` the held-out split is the training
+prompts themselves (said by `heldout_is_train`).
+"""
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .base import Environment, Message, Score, Split, Task
+from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, validate
+
+
+class GradedConfig(BaseModel):
+    """The `graded` environment's options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Reinforcement JSONL file: prompts and the fields graders read.")
+    grader: dict[str, Any] = Field(description="The grader (string_check, text_similarity, python, score_model, "
+                                   "multi), as the fine-tuning API takes it.")
+    heldout_path: str | None = Field(None, description="Held-out prompts (default: the training ones).")
+    timeout_s: float = Field(10.0, gt=0, description="python graders: sandbox wall-clock limit per reply.")
+    sandbox_slots: int = Field(2, ge=1, description="python graders: replies graded at once.")
+
+    @field_validator("grader")
+    @classmethod
+    def _valid(cls, g: dict) -> dict:
+        try:
+            validate(g)
+        except GraderError as exc:
+            raise ValueError(f"grader: {exc}") from None
+        return g
+
+
+def _rows(path: str | Path) -> list[dict]:
+    """The file's lines; a bad one is an error naming it (the fine-tuning API checked its files
+    on upload with finetune/formats.py; a file given to `gymloop train` is checked here)."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                      for m in msgs)):
+            raise ValueError(f"{path}:{n}: messages must be a non-empty list of {{role, content}} messages")
+        if msgs[-1].get("role") not in ("user", "developer"):
+            raise ValueError(f"{path}:{n}: the last message must be a user or developer turn")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no prompts")
+    return rows
+
+
+def _reply(messages: list[Message]) -> str:
+    return messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+
+
+def _task(row: dict, n: int, split: Split, name: str) -> Task:
+    return Task(id=f"{split}-{n}", env=name, prompt=tuple(dict(m) for m in row["messages"]), answer=None,
+                split=split, source="dataset", info={"item": row})
+
+
+class GradedEnv(Environment):
+    """Single-turn prompts, each reply graded (see the module docstring)."""
+
+    def __init__(self, config: GradedConfig, chat=None) -> None:
+        self.config = config
+        self.name = f"graded:{Path(config.path).stem}"
+        train = [_task(r, n, "train", self.name) for n, r in enumerate(_rows(config.path))]
+        held = ([_task(r, n, "heldout", self.name) for n, r in enumerate(_rows(config.heldout_path))]
+                if config.heldout_path else [Task(**{**t.__dict__, "split": "heldout"}) for t in train])
+        self.heldout_is_train = config.heldout_path is None
+        self._tasks = {"train": train, "heldout": held}
+        self._by_id = {t.id: t for t in train} | ({t.id: t for t in held} if config.heldout_path else {})
+        self._python = SandboxPython(config.sandbox_slots, config.timeout_s)
+        self._runtime = Runtime(python=self._python, chat=chat)
+
+    def tasks(self, split: Split) -> list[Task]:
+        return list(self._tasks[split])
+
+    def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
+        pool = self._tasks[split]
+        if n > len(pool):
+            raise ValueError(f"asked for {n} {split} prompts; there are {len(pool)}")
+        return random.Random(f"{self.name}|{split}|{seed}").sample(pool, n)
+
+    def draw(self, rng: random.Random, split: Split) -> Task:
+        return rng.choice(self._tasks[split])
+
+    def task_from_id(self, task_id: str) -> Task:
+        try:
+            return self._by_id[task_id]
+        except KeyError:
+            raise ValueError(f"no prompt {task_id!r} in {self.config.path}") from None
+
+    def verify(self, task: Task, messages: list[Message]) -> Score:
+        try:
+            out = grade(self.config.grader, sample_of(_reply(messages)), task.info["item"], self._runtime)
+        except GraderError as exc:
+            return Score(0.0, {}, "grader error", error=f"{exc.kind}: {exc}")
+        return Score(out.reward, out.sub_rewards or {"reward": out.reward}, f"graded {out.reward:g}")
+
+    def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
+        g = self.config.grader
+        if g.get("type") == "python":
+            # one sandboxed process per slot grades its share of the replies (a process start
+            # per reply would cost more than generating them)
+            pairs = [(sample_of(_reply(m)), t.info["item"]) for t, m in items]
+            k = max(1, -(-len(pairs) // self.config.sandbox_slots))
+            with ThreadPoolExecutor(self.config.sandbox_slots) as ex:
+                parts = ex.map(lambda i: self._python.many(g["source"], pairs[i:i + k]), range(0, len(pairs), k))
+            values = [v for part in parts for v in part]
+            return [Score(v, {"reward": v}, f"graded {v:g}") if isinstance(v, float) else
+                    Score(0.0, {}, "grader error", error=f"python_grader_runtime_error: {v}") for v in values]
+        if '"python"' not in json.dumps(g):
+            return [self.verify(t, m) for t, m in items]
+        # a python grader inside a multi: one sandboxed run per reply, as many at once as slots
+        with ThreadPoolExecutor(self.config.sandbox_slots) as ex:
+            return list(ex.map(lambda tm: self.verify(*tm), items))
+
+    def close(self) -> None:
+        self._python.close()
+
+
+def make_graded(**options) -> GradedEnv:
+    return GradedEnv(GradedConfig(**options))
