@@ -53,8 +53,11 @@ def test_shared_prefix_and_kept_positions_change_nothing(tok, lora):
 def test_short_prefixes_and_capped_prefixes(tok):
     model = tiny_llama(tok.vocab_size, seed=0)
     b = batch_of(tok, ["1+2=", "3+4="], system=False)
-    assert shared_prefix(b) < MIN_SHARED_PREFIX              # only the template's first tokens: plain path
-    assert torch.allclose(token_logprobs(model, b) * b.loss_mask, completion_logprobs(model, b), atol=1e-6)
+    assert shared_prefix(b) < MIN_SHARED_PREFIX              # only the template's first tokens: the native forward
+    plain, fast = token_logprobs(model, b) * b.loss_mask, completion_logprobs(model, b)
+    assert torch.allclose(plain, fast, atol=1e-6)
+    for g1, g2 in zip(grads(model, plain.sum()), grads(model, fast.sum())):
+        assert torch.allclose(g1, g2, atol=1e-5)
     # identical rows: the prefix stops before the first trained token's predecessor
     same = batch_of(tok, ["12+30=", "12+30="])
     first = int(same.loss_mask[0].nonzero()[0])

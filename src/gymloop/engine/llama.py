@@ -102,29 +102,52 @@ class LlamaBackend:
 
         Returns logits of the last position, [B, V].
         """
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k[i, :, :, t0:t0 + T] = k
+            self.v[i, :, :, t0:t0 + T] = v
+            kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
+            return F.scaled_dot_product_attention(q, kc, vc, attn_mask=attn, scale=1.0 / math.sqrt(self.head_dim),
+                                                  enable_gqa=self.n_kv != self.n_heads)
+        T = ids.shape[1]
+        x = self._layers(ids, pos, attend)
+        x = F.rms_norm(x[:, -1], (x.shape[-1],), self.final_norm, self.eps)
+        return F.linear(x, self.lm_head)                          # [B, V]
+
+    def _layers(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """The decoder stack on ids/pos [B, T] -> hidden states [B, T, H*D] before the final norm;
+        `attend(layer, q, k, v)` -> [B, H, T, D] is the attention (cached decode or causal)."""
         B, T = ids.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         dtype = self.embed.dtype
         x = F.embedding(ids, self.embed)                          # [B, T, H*D]
         cos = self._cos[pos].to(dtype)[:, None]                   # [B, 1, T, D]
         sin = self._sin[pos].to(dtype)[:, None]
-        scale = 1.0 / math.sqrt(D)
         for i, (n1, wq, bq, wk, bk, wv, bv, wo, n2, wg, wu, wd) in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), n1, self.eps)
             q = F.linear(h, wq, bq).view(B, T, H, D).transpose(1, 2)     # [B, H, T, D]
             k = F.linear(h, wk, bk).view(B, T, KV, D).transpose(1, 2)    # [B, KV, T, D]
             v = F.linear(h, wv, bv).view(B, T, KV, D).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            self.k[i, :, :, t0:t0 + T] = k
-            self.v[i, :, :, t0:t0 + T] = v
-            kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=attn, scale=scale,
-                                               enable_gqa=KV != H)        # [B, H, T, D]
+            o = attend(i, q, k, v)                                        # [B, H, T, D]
             x = x + F.linear(o.transpose(1, 2).reshape(B, T, H * D), wo)
             h = F.rms_norm(x, (x.shape[-1],), n2, self.eps)
             x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
-        x = F.rms_norm(x[:, -1], (x.shape[-1],), self.final_norm, self.eps)
-        return F.linear(x, self.lm_head)                          # [B, V]
+        return x
+
+    def train_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Training's forward, with autograd, on right-padded ids [B, T]: the logits of positions
+        `keep` [K] only, [B, K, V] (the vocabulary projection is the costly part of small models).
+        Causal attention over each row's real tokens (a right-padded row's padding comes after
+        them, so no real token sees it)."""
+        T = ids.shape[1]
+        self._rope_table(T)
+        pos = torch.arange(T, device=ids.device).expand(ids.shape[0], T)
+
+        def attend(i, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.head_dim),
+                                                  enable_gqa=self.n_kv != self.n_heads)
+        x = self._layers(ids, pos, attend)[:, keep]               # [B, K, H*D]
+        return F.linear(F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps), self.lm_head)
 
     @torch.inference_mode()
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

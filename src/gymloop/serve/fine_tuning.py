@@ -46,7 +46,7 @@ class Hyperparameters(BaseModel):
         None, description="dpo: weight of an NLL term on the preferred answer (RPO).")
     length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
     reference_free: bool | None = Field(None, description="dpo: no reference model.")
-    lora: LoraOptions | None = Field(None, description="supervised, dpo: train LoRA adapters (peft) instead of "
+    lora: LoraOptions | None = Field(None, description="Any method: train LoRA adapters (peft) instead of "
                                      "every weight.")
     compute_multiplier: Annotated[float, Field(gt=0, le=64)] | Auto | None = Field(
         None, description="reinforcement: samples per prompt = 8 x this (at least 2).")

@@ -113,13 +113,16 @@ def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tens
     """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values as
     token_logprobs with less work: the prefix all rows share runs once (its keys and values
     repeated for every row, gradients flowing back through them), and the vocabulary
-    projection runs only at positions that predict a trained token. MoE models (router losses
-    and replay over every position) and batches without a long shared prefix take the plain
-    path."""
+    projection runs only at positions that predict a trained token. Without a long shared
+    prefix, a Llama-family model runs the engine's native forward (engine/llama.py: the same
+    math without the framework's per-call overhead, which is most of a small model's step).
+    MoE models (router losses and replay over every position) take the plain path."""
     n, length = batch.input_ids.shape
     p = shared_prefix(batch)
-    if routers(model) or p < MIN_SHARED_PREFIX:
+    if routers(model):
         return token_logprobs(model, batch) * batch.loss_mask
+    if p < MIN_SHARED_PREFIX:
+        return _native_or_plain(model, batch)
     head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
     cache = head.cache
     cache.batch_repeat_interleave(n)                                   # [1, heads, P, d] -> [N, heads, P, d]
@@ -132,4 +135,20 @@ def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tens
     lp = logp.gather(-1, tgt[..., None]).squeeze(-1)                   # [N, K]
     full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
     full[:, p + 1 + want] = lp
+    return full * batch.loss_mask
+
+
+def _native_or_plain(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """completion_logprobs without a shared prefix: the native Llama forward when the model
+    supports it (not a LoRA wrapper, whose adapters live in its own forward), else the plain one."""
+    from ..engine.llama import LlamaBackend, supports
+
+    if supports(model) is not None:
+        return token_logprobs(model, batch) * batch.loss_mask
+    n, length = batch.input_ids.shape
+    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)        # [K]: position j predicts j + 1
+    logits = LlamaBackend(model).train_logits(batch.input_ids, want)        # [N, K, V]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
+    full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
+    full[:, want + 1] = lp
     return full * batch.loss_mask
