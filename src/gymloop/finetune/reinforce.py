@@ -31,81 +31,87 @@ def _write_rows(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def train_reinforcement(run: JobRun, progress: Progress) -> dict:
-    hp = run.hp
-    run.root.mkdir(parents=True, exist_ok=True)
-    options = {"path": _write_rows(run.root / "rft-train.jsonl", run.rows), "grader": run.grader,
-               "heldout_path": _write_rows(run.root / "rft-valid.jsonl", run.valid_rows) if run.valid_rows else None}
-    env = GradedEnv(GradedConfig(**options), chat=run.chat)
-    start = json.loads((run.resume / STATE).read_text()) if run.resume else {"step": 0, "trained_tokens": 0,
-                                                                              "seconds": 0.0}
-    done = start["step"]
-    tasks = env.tasks("train")
-    steps_per_epoch = math.ceil(len(tasks) / hp.batch_size)
-    total = steps_per_epoch * hp.n_epochs
-    every = progress.checkpoint_every or steps_per_epoch
-    tokens, t0 = [start["trained_tokens"]], time.perf_counter()
+class _JobSteps:
+    """The job's side of the GRPO run: which prompts a step trains on, and after each step its
+    metrics, checkpoints and whether to stop. The run may be a resumed part of the job: its
+    step s is the job's step `done + s`."""
 
-    def task_source(s: int) -> list:
-        """The prompts of this run's step s (1-based), which is the job's step done + s."""
-        epoch, k = divmod(done + s - 1, steps_per_epoch)
-        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(run.seed * 1000 + epoch))
-        return [tasks[i] for i in order[k * hp.batch_size:(k + 1) * hp.batch_size].tolist()]
+    def __init__(self, run: JobRun, progress: Progress, tasks: list, start: dict) -> None:
+        self.run, self.progress, self.tasks = run, progress, tasks
+        self.done = self.step = start["step"]
+        self.tokens, self.seconds0, self.t0 = start["trained_tokens"], start["seconds"], time.perf_counter()
+        self.steps_per_epoch = math.ceil(len(tasks) / run.hp.batch_size)
+        self.total = self.steps_per_epoch * run.hp.n_epochs
+        self.every = progress.checkpoint_every or self.steps_per_epoch
+        self.stopped: str | None = None
 
-    def seconds() -> float:
-        return start["seconds"] + time.perf_counter() - t0
+    def seconds(self) -> float:
+        return self.seconds0 + time.perf_counter() - self.t0
 
-    def on_step(s: int, m: dict, save) -> str | None:
-        step = done + s
-        tokens[0] += m["trained_tokens"]
-        metrics = {"step": step, "total_steps": total, "train_loss": m.get("loss", 0.0), "mean_reward": m["reward"],
-                   "grader_errors": m["errors"]}
+    def prompts(self, s: int) -> list:
+        """The run's step s (1-based): batch k of the job's epoch, in that epoch's seeded order."""
+        b = self.run.hp.batch_size
+        epoch, k = divmod(self.done + s - 1, self.steps_per_epoch)
+        order = torch.randperm(len(self.tasks), generator=torch.Generator().manual_seed(self.run.seed * 1000 + epoch))
+        return [self.tasks[i] for i in order[k * b:(k + 1) * b].tolist()]
+
+    def after(self, s: int, m: dict, save) -> str | None:
+        """orchestrator.train's StepHook: report, checkpoint (each epoch, the last step, a pause)."""
+        self.step = self.done + s
+        self.tokens += m["trained_tokens"]
+        metrics = {"step": self.step, "total_steps": self.total, "train_loss": m.get("loss", 0.0),
+                   "mean_reward": m["reward"], "grader_errors": m["errors"]}
         if "heldout_reward" in m:
             metrics.update(valid_mean_reward=m["heldout_reward"], valid_pass1=m["heldout_pass1"])
 
         def write(path: Path) -> None:
             save(str(path))
-            (path / STATE).write_text(json.dumps({"step": step, "trained_tokens": tokens[0], "seconds": seconds()}))
-        if step % every == 0 or step == total:
-            progress.on_checkpoint(step, metrics, write)
-        progress.on_metrics(metrics)
-        stop = progress.should_stop()
-        if stop == "paused":
-            progress.on_checkpoint(step, metrics, write)
-        last[0] = step
-        return stop
+            (path / STATE).write_text(json.dumps({"step": self.step, "trained_tokens": self.tokens,
+                                                  "seconds": self.seconds()}))
+        if self.step % self.every == 0 or self.step == self.total:
+            self.progress.on_checkpoint(self.step, metrics, write)
+        self.progress.on_metrics(metrics)
+        self.stopped = self.progress.should_stop()
+        if self.stopped == "paused":
+            self.progress.on_checkpoint(self.step, metrics, write)
+        return self.stopped
 
-    last = [done]
+
+def train_reinforcement(run: JobRun, progress: Progress) -> dict:
+    from ..orchestrator.train import train
+
+    hp = run.hp
+    run.root.mkdir(parents=True, exist_ok=True)
+    options = {"path": _write_rows(run.root / "rft-train.jsonl", run.rows), "grader": run.grader,
+               "heldout_path": _write_rows(run.root / "rft-valid.jsonl", run.valid_rows) if run.valid_rows else None}
+    env = GradedEnv(GradedConfig(**options), chat=run.chat)
+    start = (json.loads((run.resume / STATE).read_text()) if run.resume
+             else {"step": 0, "trained_tokens": 0, "seconds": 0.0})
+    job = _JobSteps(run, progress, env.tasks("train"), start)
     # resuming: the checkpoint's weights (LoRA: the base and the checkpoint's adapter) and optimizer
     lora_resume = run.resume is not None and hp.lora is not None
     cfg = TrainConfig(
         model=str(run.start_model if lora_resume or run.resume is None else run.resume), name="rft",
         run_dir=str(run.root / "runs"), seed=run.seed, env={"name": "graded", "options": options},
         sampling={"temperature": 1.0, "max_new_tokens": hp.max_new_tokens},
-        grpo={"steps": total - done, "prompts_per_step": hp.batch_size, "group_size": hp.group_size,
-              "lr": hp.learning_rate, "warmup_steps": min(10, total // 10), "betas": (0.9, 0.999), "lora": hp.lora},
+        grpo={"steps": job.total - job.done, "prompts_per_step": hp.batch_size, "group_size": hp.group_size,
+              "lr": hp.learning_rate, "warmup_steps": min(10, job.total // 10), "betas": (0.9, 0.999),
+              "lora": hp.lora},
         eval={"tasks": min(hp.eval_samples, len(env.tasks("heldout"))), "every": hp.eval_interval,
               "max_new_tokens": hp.max_new_tokens},
         init_trainer_state=str(run.resume) if run.resume else None,
         init_adapter=str(run.resume / ADAPTER_DIR) if lora_resume else None)
-    from ..orchestrator.train import train
-
-    stop: list[str | None] = [None]
-
-    def hook(s, m, save):
-        stop[0] = on_step(s, m, save)
-        return stop[0]
     try:
-        summary = train(cfg, progress=False, echo=log.info, task_source=task_source, env=env, on_step=hook)
+        summary = train(cfg, progress=False, echo=log.info, task_source=job.prompts, env=env, on_step=job.after)
     finally:
         env.close()
-    out = {"step": last[0], "trained_tokens": tokens[0], "seconds": seconds(),
-           "message": (f"Held-out mean reward {summary['base']['mean_reward']:.3f} -> "
-                       f"{summary['final']['mean_reward']:.3f} on {summary['heldout_tasks']} "
-                       + ("training prompts (no validation_file)" if env.heldout_is_train else "validation prompts")),
-           "data": {"base_mean_reward": summary["base"]["mean_reward"], "final_mean_reward": summary["final"]["mean_reward"],
-                    "heldout_prompts": summary["heldout_tasks"], "heldout_is_train": env.heldout_is_train}}
-    if stop[0] is not None:
-        return {**out, "status": stop[0]}
+    base, final = summary["base"]["mean_reward"], summary["final"]["mean_reward"]
+    where = "training prompts (no validation_file)" if env.heldout_is_train else "validation prompts"
+    out = {"step": job.step, "trained_tokens": job.tokens, "seconds": job.seconds(),
+           "message": f"Held-out mean reward {base:.3f} -> {final:.3f} on {summary['heldout_tasks']} {where}",
+           "data": {"base_mean_reward": base, "final_mean_reward": final, "heldout_prompts": summary["heldout_tasks"],
+                    "heldout_is_train": env.heldout_is_train}}
+    if job.stopped is not None:
+        return {**out, "status": job.stopped}
     return {**out, "status": "succeeded", "final": Path(summary["run_dir"]) / "checkpoint",
             "active_parameters": summary["active_parameters"]}

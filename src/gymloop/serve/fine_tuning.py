@@ -1,192 +1,32 @@
 """The fine-tuning API on `gymloop serve`, as the official `openai` client calls it:
-/v1/files and /v1/fine_tuning/jobs (create, list, retrieve, cancel, pause, resume, events,
-checkpoints, estimate). Every API key is a tenant: it sees only its own files, jobs and models,
+/v1/files, /v1/fine_tuning/jobs (create, list, retrieve, cancel, pause, resume, events,
+checkpoints and their downloads, estimate, and an admin key's promote) and
+/v1/fine_tuning/alpha/graders (run, validate). Request bodies: fine_tuning_bodies.py. Every API key is a tenant: it sees only its own files, jobs and models,
 and another tenant's ids are 404s. Shapes follow openai-python's types (never null where the
 client expects a value: result_files, organization_id, seed, hyperparameters).
 """
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Callable, Literal
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from .openapi import error_responses, json_body, json_int
+from .openapi import error_responses, json_body
 from ..store import Store
-from ..config import EnvSpec
 from ..envs.graders import GraderError, Runtime, SandboxPython
-from ..loop.gate import GateConfig
-from ..finetune.formats import FormatError, parse
 from ..finetune.archive import FORMATS
-from ..models.lora import LoraOptions
+from ..finetune.formats import FormatError, parse
 from ..finetune.methods import BASE_LR, resolve
+from .fine_tuning_bodies import GraderRun, GraderValidate, JobCreate, PromoteRequest, grader_dict
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "purpose"],
     "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["fine-tune"]}}}}}}}
 STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused")
 MAX_FILE_BYTES = 512 << 20
-
-
-Auto = Literal["auto"]
-
-
-class Hyperparameters(BaseModel):
-    """A method's hyper-parameters: "auto" (or absent) or a value (methods.resolve)."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_epochs: json_int(1, 1000) | Auto | None = None
-    batch_size: json_int(1, 4096) | Auto | None = None
-    learning_rate_multiplier: Annotated[float, Field(gt=0, le=1000)] | Auto | None = None
-    beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = Field(None, description="dpo: the KL weight.")
-    sft_weight: Annotated[float, Field(ge=0, le=100)] | Auto | None = Field(
-        None, description="dpo: weight of an NLL term on the preferred answer (RPO).")
-    length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
-    reference_free: bool | None = Field(None, description="dpo: no reference model.")
-    lora: LoraOptions | None = Field(None, description="Any method: train LoRA adapters (peft) instead of "
-                                     "every weight.")
-    compute_multiplier: Annotated[float, Field(gt=0, le=64)] | Auto | None = Field(
-        None, description="reinforcement: samples per prompt = 8 x this (at least 2).")
-    group_size: json_int(2, 256) | Auto | None = Field(None, description="reinforcement: samples per prompt "
-                                                        "(overrides compute_multiplier).")
-    max_new_tokens: json_int(1, 4096) | Auto | None = Field(None, description="reinforcement: most tokens per "
-                                                             "sampled answer.")
-    eval_interval: json_int(0, 100000) | Auto | None = Field(None, description="reinforcement: steps between "
-                                                              "held-out evaluations (0: at the end only).")
-    eval_samples: json_int(1, 100000) | Auto | None = Field(None, description="reinforcement: held-out prompts "
-                                                             "evaluated (validation_file, else training prompts).")
-
-
-# --- graders, as request bodies carry them (envs/graders.py runs them) --------------------
-class _Grader(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field("", max_length=256, description="The grader's name (a multi grader's formula uses its key).")
-
-
-class StringCheckGrader(_Grader):
-    type: Literal["string_check"]
-    input: str = Field(description="Template, e.g. {{sample.output_text}}.")
-    reference: str = Field(description="Template, e.g. {{item.answer}}.")
-    operation: Literal["eq", "ne", "like", "ilike"]
-
-
-class TextSimilarityGrader(_Grader):
-    type: Literal["text_similarity"]
-    input: str
-    reference: str
-    evaluation_metric: Literal["fuzzy_match", "bleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5",
-                               "rouge_l"]
-
-
-class PythonGrader(_Grader):
-    type: Literal["python"]
-    source: str = Field(max_length=1 << 20, description="Defines grade(sample, item) -> float in [0, 1]; run in "
-                        "gymloop's sandbox.")
-    image_tag: str | None = Field(None, description="Accepted for compatibility; the sandbox's Python runs it.")
-
-
-class ModelMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
-    type: Literal["message"] | None = None
-
-
-class ScoreModelGrader(_Grader):
-    type: Literal["score_model"]
-    model: str = Field(min_length=1, description="A model this server serves (the base or one of yours).")
-    input: list[ModelMessage] = Field(min_length=1, description="Messages with templates; the reply is the score.")
-    range: Annotated[list[StrictFloat | StrictInt], Field(min_length=2, max_length=2)] | None = Field(
-        None, description="[low, high] of the score (default [0, 1]), mapped to [0, 1].")
-    sampling_params: dict[str, Any] | None = Field(None, description="temperature, top_p, seed, "
-                                                   "max_completions_tokens.")
-
-
-# a multi grader's parts: any grader but another multi (as OpenAI's)
-SubGrader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader | ScoreModelGrader,
-                      Field(discriminator="type")]
-
-
-class MultiGrader(_Grader):
-    type: Literal["multi"]
-    graders: Annotated[dict[str, SubGrader], Field(min_length=1)] | SubGrader = Field(
-        description="Named sub-graders (or one grader, named by its name, as the openai client types it).")
-    calculate_output: str = Field(min_length=1, description="A formula of the names: numbers, + - * /, min max abs.")
-
-
-Grader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader | ScoreModelGrader | MultiGrader,
-                   Field(discriminator="type")]
-
-
-def grader_dict(g: BaseModel) -> dict:
-    return g.model_dump(exclude_none=True)
-
-
-class MethodOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    hyperparameters: Hyperparameters | None = None
-
-
-class ReinforcementOptions(MethodOptions):
-    grader: Grader = Field(description="The grader that rewards each sampled answer.")
-
-
-class MethodBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["supervised", "dpo", "reinforcement"]
-    supervised: MethodOptions | None = None
-    dpo: MethodOptions | None = None
-    reinforcement: ReinforcementOptions | None = None
-
-
-class PromoteRequest(BaseModel):
-    """POST /v1/fine_tuning/jobs/{id}/promote (admin keys): the job's model through the loop's
-    gate into the production slot. The suites are scored for production and candidate now."""
-
-    model_config = ConfigDict(extra="forbid")
-    env: EnvSpec = Field(description="The target suite: an environment and its options (as a loop's env).")
-    suites: list[str] = Field(default_factory=list, max_length=16, description="Other held-out suites that must "
-                              "not fall by more than epsilon.")
-    eval_tasks: json_int(1, 100000) = Field(200, description="Held-out tasks per suite.")
-    max_new_tokens: json_int(1, 4096) = Field(8, description="Most tokens per model turn in the evaluation.")
-    gate: GateConfig = Field(default_factory=GateConfig, description="delta and epsilon of the gate.")
-
-
-class GraderValidate(BaseModel):
-    """POST /v1/fine_tuning/alpha/graders/validate."""
-
-    model_config = ConfigDict(extra="forbid")
-    grader: Grader = Field(description="A grader object.")
-
-
-class JobCreate(BaseModel):
-    """POST /v1/fine_tuning/jobs."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(min_length=1, description="A base model this server can train ('nano', ...), or an ft: "
-                       "model or checkpoint id of yours (continued training).")
-    training_file: str
-    validation_file: str | None = None
-    suffix: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
-    seed: json_int(0, 2**31 - 1) | None = None
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
-    method: MethodBody | None = None
-    hyperparameters: Hyperparameters | None = Field(None, description="Legacy: the supervised method's "
-                                                    "hyper-parameters.")
-    integrations: list[dict] | None = Field(None, max_length=0, description="None are supported (metrics are "
-                                            "the job's events and its results file).")
-
-
-class GraderRun(BaseModel):
-    """POST /v1/fine_tuning/alpha/graders/run."""
-
-    model_config = ConfigDict(extra="forbid")
-    grader: Grader = Field(description="A grader object.")
-    model_sample: str = Field(description="The model output the grader scores ({{sample.output_text}}).")
-    item: dict | None = Field(None, description="The data item ({{item.<field>}}).")
 
 
 def _file(f: dict) -> dict:
