@@ -26,6 +26,17 @@ from typing import Any, Callable
 
 from ..algorithms.table import Table
 
+# CPython 3.11's AST constructor keeps its recursion depth in state shared between threads, so two
+# threads parsing at once can fail with "AST constructor recursion depth mismatch" (gh-106905):
+# graders parse (python sources, formulas) from the sandbox's worker threads, one at a time.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str, mode: str = "exec") -> ast.AST:
+    with _AST_LOCK:
+        return ast.parse(source, mode=mode)
+
+
 TEMPLATE = re.compile(r"\{\{\s*(item|sample)\.([A-Za-z0-9_.]+)\s*\}\}")
 
 
@@ -214,7 +225,7 @@ def formula(expr: str, names: dict[str, float]) -> float:
         raise GraderError(f"calculate_output may use numbers, grader names, + - * / and min/max/abs; "
                           f"not {ast.dump(node)[:60]}", "formula_parse_error")
     try:
-        tree = ast.parse(expr, mode="eval")
+        tree = _parse(expr, mode="eval")
     except SyntaxError as exc:
         raise GraderError(f"calculate_output does not parse: {exc.msg}", "formula_parse_error") from None
     try:
@@ -322,7 +333,7 @@ def _check_source(source: Any) -> None:
     if not isinstance(source, str):
         raise GraderError("a python grader's source must be a string")
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except SyntaxError as exc:
         raise GraderError(f"the python grader does not parse: line {exc.lineno}: {exc.msg}") from None
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "grade"), None)
