@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import random
 import time
 from pathlib import Path

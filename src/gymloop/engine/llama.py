@@ -102,13 +102,14 @@ class LlamaBackend:
 
         Returns logits of the last position, [B, V].
         """
+        T = ids.shape[1]
+
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k[i, :, :, t0:t0 + T] = k
             self.v[i, :, :, t0:t0 + T] = v
             kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
             return F.scaled_dot_product_attention(q, kc, vc, attn_mask=attn, scale=1.0 / math.sqrt(self.head_dim),
                                                   enable_gqa=self.n_kv != self.n_heads)
-        T = ids.shape[1]
         x = self._layers(ids, pos, attend)
         x = F.rms_norm(x[:, -1], (x.shape[-1],), self.final_norm, self.eps)
         return F.linear(x, self.lm_head)                          # [B, V]

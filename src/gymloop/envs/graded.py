@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .base import Environment, Message, Score, Split, Task
-from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, validate
+from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, uses_python, validate
 
 
 class GradedConfig(BaseModel):
@@ -122,16 +122,12 @@ class GradedEnv(Environment):
     def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
         g = self.config.grader
         if g.get("type") == "python":
-            # one sandboxed process per slot grades its share of the replies (a process start
-            # per reply would cost more than generating them)
-            pairs = [(sample_of(_reply(m)), t.info["item"]) for t, m in items]
-            k = max(1, -(-len(pairs) // self.config.sandbox_slots))
-            with ThreadPoolExecutor(self.config.sandbox_slots) as ex:
-                parts = ex.map(lambda i: self._python.many(g["source"], pairs[i:i + k]), range(0, len(pairs), k))
-            values = [v for part in parts for v in part]
+            # a batch of replies in one sandboxed process per slot (a process start per reply
+            # would cost more than generating them)
+            values = self._python.many(g["source"], [(sample_of(_reply(m)), t.info["item"]) for t, m in items])
             return [Score(v, {"reward": v}, f"graded {v:g}") if isinstance(v, float) else
                     Score(0.0, {}, "grader error", error=f"python_grader_runtime_error: {v}") for v in values]
-        if '"python"' not in json.dumps(g):
+        if not uses_python(g):
             return [self.verify(t, m) for t, m in items]
         # a python grader inside a multi: one sandboxed run per reply, as many at once as slots
         with ThreadPoolExecutor(self.config.sandbox_slots) as ex:

@@ -21,6 +21,7 @@ import operator
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -140,10 +141,43 @@ def text_similarity(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:
     return Grade(min(1.0, max(0.0, value)))
 
 
+_GRADE_MARK = "__GYMLOOP_GRADE__"
+
+
+def grade_program(grader_source: str) -> str:
+    """A program that runs `grade(sample, item)` on every pair of its data file pairs.json (the
+    inputs are data, never source) and prints one marked line each: the value, or the error."""
+    return (grader_source + "\n\n" + "import json as _j\n"
+            "for _s, _i in _j.load(open('pairs.json')):\n"
+            "    try:\n"
+            "        _v = grade(_s, _i)\n"
+            "        if isinstance(_v, bool) or not isinstance(_v, (int, float)):\n"
+            "            raise TypeError(f'grade returned {type(_v).__name__}, not a number')\n"
+            "        _out = {'value': float(_v)}\n"
+            "    except Exception as _e:\n"
+            "        _out = {'error': f'{type(_e).__name__}: {_e}'}\n"
+            f"    print({_GRADE_MARK!r} + _j.dumps(_out), flush=True)\n")
+
+
+def grades_of(result, n: int) -> list[float | str]:
+    """A sandbox Result of `grade_program` on n pairs as n values, or error messages: a pair the
+    grader raised on or answered outside [0, 1], or every pair the process never reached (crash,
+    time limit)."""
+    lines = [json.loads(ln[len(_GRADE_MARK):]) for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)]
+    out: list[float | str] = []
+    for d in lines[:n]:
+        v = d.get("value")
+        out.append(f"python grader: {d['error']}" if "error" in d else
+                   v if 0.0 <= v <= 1.0 else f"python grader returned {v}, not in [0, 1]")
+    why = result.error or ("timed out" if result.timed_out else
+                           (result.stderr.strip().splitlines() or [f"exited {result.exit_code}"])[-1])
+    return out + [f"python grader: {why}"] * (n - len(out))
+
+
 class SandboxPython:
     """`grade(sample, item)` of a python grader, run in gymloop's sandbox (never in this
-    process): a callable (source, sample, item) -> reward that raises python_grader_runtime_error
-    when the grader fails. The sandbox pool starts on first use."""
+    process). Calling it grades one pair (a reward, or python_grader_runtime_error); `many`
+    grades a batch in one process per slot. The sandbox pool starts on first use."""
 
     def __init__(self, slots: int = 2, timeout_s: float = 10.0, memory_mb: int = 512) -> None:
         self.slots, self.timeout_s, self.memory_mb = slots, timeout_s, memory_mb
@@ -151,28 +185,31 @@ class SandboxPython:
         self._lock = threading.Lock()
 
     def __call__(self, source: str, sample: dict, item: dict) -> float:
-        from .jsonl import grade_program, score_from_grade
-
-        score = score_from_grade(self._get_pool().run(source=grade_program(source, sample, item)))
-        if score.error:
-            raise GraderError(score.error, "python_grader_runtime_error")
-        return score.reward
+        (value,) = self.many(source, [(sample, item)])
+        if isinstance(value, str):
+            raise GraderError(value, "python_grader_runtime_error")
+        return value
 
     def many(self, source: str, pairs: list[tuple[dict, dict]], per_pair_s: float = 0.5) -> list[float | str]:
-        """grade(sample, item) of many pairs in one sandboxed process (one process start for a
-        whole batch instead of one per answer): a reward per pair, or that pair's error message.
-        The time limit grows with the batch: timeout_s + per_pair_s per pair."""
-        import json as _json
-
-        from ..sandbox import Limits
-        from .jsonl import grade_many_program, grades_from_many
-
+        """grade(sample, item) of every pair, a reward or that pair's error message each: the
+        pairs split across the slots, one sandboxed process per share (one process start per
+        share instead of one per answer). A process's time limit is timeout_s, plus per_pair_s
+        for each pair after its first."""
         _check_source(source)
-        pool = self._get_pool()
-        limits = Limits(timeout_s=self.timeout_s + per_pair_s * len(pairs), memory_mb=self.memory_mb)
-        result = pool.run(source=grade_many_program(source, pairs), limits=limits,
-                          files={"pairs.json": _json.dumps(pairs).encode()})
-        return grades_from_many(result, len(pairs))
+        k = max(1, -(-len(pairs) // self.slots))
+        shares = [pairs[i:i + k] for i in range(0, len(pairs), k)]
+        if len(shares) == 1:
+            return self._run(source, shares[0], per_pair_s)
+        with ThreadPoolExecutor(len(shares)) as ex:
+            return [v for part in ex.map(lambda share: self._run(source, share, per_pair_s), shares) for v in part]
+
+    def _run(self, source: str, pairs: list[tuple[dict, dict]], per_pair_s: float) -> list[float | str]:
+        from ..sandbox import Limits
+
+        limits = Limits(timeout_s=self.timeout_s + per_pair_s * (len(pairs) - 1), memory_mb=self.memory_mb)
+        result = self._get_pool().run(source=grade_program(source), limits=limits,
+                                      files={"pairs.json": json.dumps(pairs).encode()})
+        return grades_of(result, len(pairs))
 
     def _get_pool(self):
         with self._lock:
@@ -187,6 +224,15 @@ class SandboxPython:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+def uses_python(g: Any) -> bool:
+    """Whether a grader runs python anywhere in it (itself, or a multi's sub-grader)."""
+    if not isinstance(g, dict):
+        return False
+    subs = g.get("graders")
+    subs = list(subs.values()) if isinstance(subs, dict) and "type" not in subs else [subs]   # named, or one
+    return g.get("type") == "python" or any(uses_python(x) for x in subs)
 
 
 def python(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:

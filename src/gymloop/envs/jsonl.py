@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import random
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import Environment, Message, Score, Split, Task
+from .graders import GraderError, SandboxPython
 
 REQUIRED = ("id", "env", "prompt")
 SOURCES = ("synthetic", "dataset", "production")
@@ -122,60 +124,6 @@ def check_regex(reply: str, answer: object) -> Score:
 CHECKERS: dict[str, Callable[[str, object], Score]] = {
     "exact": check_exact, "last_int": check_last_int, "regex": check_regex}
 
-_GRADE_MARK = "__GYMLOOP_GRADE__"
-
-
-def grade_program(grader_source: str, sample: dict, item: dict) -> str:
-    """A Python program that runs `grade(sample, item)` and prints its value on one marked line."""
-    return (grader_source + "\n\n" + "import json as _j\n"
-            f"_v = grade({sample!r}, {item!r})\n"
-            "if isinstance(_v, bool) or not isinstance(_v, (int, float)):\n"
-            "    raise TypeError(f'grade returned {type(_v).__name__}, not a number')\n"
-            f"print({_GRADE_MARK!r} + _j.dumps(float(_v)))\n")
-
-
-def grade_many_program(grader_source: str, pairs: list[tuple[dict, dict]]) -> str:
-    """A program that runs `grade(sample, item)` on every pair in one process (the inputs in a
-    data file, never in its source) and prints one marked line each: the value, or the error."""
-    return (grader_source + "\n\n" + "import json as _j, traceback as _t\n"
-            "for _s, _i in _j.load(open('pairs.json')):\n"
-            "    try:\n"
-            "        _v = grade(_s, _i)\n"
-            "        if isinstance(_v, bool) or not isinstance(_v, (int, float)):\n"
-            "            raise TypeError(f'grade returned {type(_v).__name__}, not a number')\n"
-            "        _out = {'value': float(_v)}\n"
-            "    except Exception as _e:\n"
-            "        _out = {'error': f'{type(_e).__name__}: {_e}'}\n"
-            f"    print({_GRADE_MARK!r} + _j.dumps(_out), flush=True)\n")
-
-
-def grades_from_many(result, n: int) -> list[float | str]:
-    """A sandbox Result of `grade_many_program` as n values, or error messages: a pair the
-    grader raised on, or every pair the process never reached (crash, time limit)."""
-    lines = [json.loads(ln[len(_GRADE_MARK):]) for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)]
-    out: list[float | str] = []
-    for d in lines[:n]:
-        v = d.get("value")
-        out.append(f"python grader: {d['error']}" if "error" in d else
-                   v if 0.0 <= v <= 1.0 else f"python grader returned {v}, not in [0, 1]")
-    why = result.error or ("timed out" if result.timed_out else
-                           (result.stderr.strip().splitlines() or [f"exited {result.exit_code}"])[-1])
-    return out + [f"python grader: {why}"] * (n - len(out))
-
-
-def score_from_grade(result) -> Score:
-    """A sandbox Result of `grade_program` as a Score: a crash or a bad value is an error."""
-    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(_GRADE_MARK)), None)
-    if result.error or line is None:
-        why = result.error or ("timed out" if result.timed_out else result.stderr.strip().splitlines()[-1:] or
-                               [f"exited {result.exit_code}"])
-        return Score(0.0, {}, "grader failed", error=f"python grader: {why if isinstance(why, str) else why[0]}")
-    value = json.loads(line[len(_GRADE_MARK):])
-    if not 0.0 <= value <= 1.0:
-        return Score(0.0, {}, "grader out of range", error=f"python grader returned {value}, not in [0, 1]")
-    return Score(value, {"grade": value}, f"graded {value:g}")
-
-
 class JsonlEnv(Environment):
     """Single-turn tasks from a file, scored by a named checker (see the module docstring)."""
 
@@ -189,7 +137,7 @@ class JsonlEnv(Environment):
         self.name = f"jsonl:{Path(config.path).stem}"
         self._tasks = {t.id: Task(**{**t.__dict__, "env": self.name}) for t in tasks}
         self._grader = Path(config.grader).read_text() if config.grader else None
-        self._pool = None
+        self._python = SandboxPython(slots=2, timeout_s=config.timeout_s, memory_mb=512)
 
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         pool = [t for t in self._tasks.values() if t.split == split]
@@ -206,35 +154,28 @@ class JsonlEnv(Environment):
         except KeyError:
             raise ValueError(f"no task {task_id!r} in {self.config.path}") from None
 
-    def _job(self, task: Task, messages: list[Message]) -> dict:
-        item = {**task.info, "answer": task.answer}
-        return {"source": grade_program(self._grader, {"output_text": _reply(messages)}, item)}
-
-    @property
-    def pool(self):
-        if self._pool is None:
-            from ..sandbox import Limits, Pool
-
-            self._pool = Pool(slots=2, limits=Limits(timeout_s=self.config.timeout_s, memory_mb=512))
-        return self._pool
-
     def verify(self, task: Task, messages: list[Message]) -> Score:
-        if self._grader is not None:
-            return score_from_grade(self.pool.run(**self._job(task, messages)))
-        return CHECKERS[self.config.checker](_reply(messages), task.answer)
+        if self._grader is None:
+            return CHECKERS[self.config.checker](_reply(messages), task.answer)
+        try:
+            value = self._python(self._grader, {"output_text": _reply(messages)}, {**task.info, "answer": task.answer})
+        except GraderError as exc:
+            return Score(0.0, {}, "grader failed", error=str(exc))
+        return Score(value, {"grade": value}, f"graded {value:g}")
 
     def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
         if self._grader is None:
             return [self.verify(t, m) for t, m in items]
-        return [score_from_grade(r) for r in self.pool.map([self._job(t, m) for t, m in items])]
+        # one sandboxed run per reply (a grader that hangs on one reply fails only that one),
+        # as many at once as the sandbox has slots
+        with ThreadPoolExecutor(self._python.slots) as ex:
+            return list(ex.map(lambda tm: self.verify(*tm), items))
 
     def gold_reply(self, task: Task) -> str:
         return str(task.answer)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._python.close()
 
 
 def make_jsonl(**options) -> JsonlEnv:

@@ -115,40 +115,25 @@ def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tens
     repeated for every row, gradients flowing back through them), and the vocabulary
     projection runs only at positions that predict a trained token. Without a long shared
     prefix, a Llama-family model runs the engine's native forward (engine/llama.py: the same
-    math without the framework's per-call overhead, which is most of a small model's step).
-    MoE models (router losses and replay over every position) take the plain path."""
-    n, length = batch.input_ids.shape
-    p = shared_prefix(batch)
-    if routers(model):
-        return token_logprobs(model, batch) * batch.loss_mask
-    if p < MIN_SHARED_PREFIX:
-        return _native_or_plain(model, batch)
-    head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
-    cache = head.cache
-    cache.batch_repeat_interleave(n)                                   # [1, heads, P, d] -> [N, heads, P, d]
-    # suffix positions P..L-1; position j predicts token j + 1: keep the ones before a trained token
-    want = batch.loss_mask[:, p + 1:].bool().any(0).nonzero().squeeze(-1)   # [K] offsets into the suffix
-    out = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
-                use_cache=False, logits_to_keep=want)
-    logp = torch.log_softmax(out.logits.float(), -1)                   # [N, K, V]
-    tgt = batch.input_ids[:, p + 1:][:, want]                          # [N, K]
-    lp = logp.gather(-1, tgt[..., None]).squeeze(-1)                   # [N, K]
-    full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
-    full[:, p + 1 + want] = lp
-    return full * batch.loss_mask
-
-
-def _native_or_plain(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """completion_logprobs without a shared prefix: the native Llama forward when the model
-    supports it (not a LoRA wrapper, whose adapters live in its own forward), else the plain one."""
+    math without the framework's per-call overhead). MoE models (router losses and replay over
+    every position) and other models without a shared prefix take the plain path."""
     from ..engine.llama import LlamaBackend, supports
 
-    if supports(model) is not None:
-        return token_logprobs(model, batch) * batch.loss_mask
     n, length = batch.input_ids.shape
-    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)        # [K]: position j predicts j + 1
-    logits = LlamaBackend(model).train_logits(batch.input_ids, want)        # [N, K, V]
+    p = shared_prefix(batch)
+    # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
+    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
+    if routers(model) or (p < MIN_SHARED_PREFIX and supports(model) is not None):
+        return token_logprobs(model, batch) * batch.loss_mask
+    if p < MIN_SHARED_PREFIX:
+        logits = LlamaBackend(model).train_logits(batch.input_ids, want)              # [N, K, V]
+    else:
+        head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
+        cache = head.cache
+        cache.batch_repeat_interleave(n)                               # [1, heads, P, d] -> [N, heads, P, d]
+        logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
+                       use_cache=False, logits_to_keep=want - p).logits               # [N, K, V]
     lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
     full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
-    full[:, want + 1] = lp
+    full[:, want + 1] = lp                                             # [N, K] back to token positions
     return full * batch.loss_mask
