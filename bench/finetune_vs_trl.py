@@ -3,7 +3,7 @@ run) against TRL's `SFTTrainer` / `DPOTrainer`, on the same rows, model, batch s
 in one run: nano with every weight trained, and SmolLM2-135M-Instruct with LoRA (same rank,
 alpha and target modules on both sides).
 
-    python bench/finetune_vs_trl.py [--repeats 3] [--nano-steps 30] [--smol-steps 8]
+    python bench/finetune_vs_trl.py [--repeats 3] [--nano-steps 30] [--smol-steps 8] [--only nano|smollm2]
 
 Both sides: float32, one torch thread, no gradient checkpointing, no evaluation or saving
 inside the timed steps; DPO's reference log-probs computed before training on both sides (TRL:
@@ -95,7 +95,8 @@ def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict
                                  "rejected": [{"role": "assistant", "content": w}]} for p, c, w in data])
         trainer = DPOTrainer(model=model, args=DPOConfig(**common_args, beta=0.1, precompute_ref_log_probs=True),
                              train_dataset=ds, processing_class=tok.hf, peft_config=peft, callbacks=[Clock()])
-    with contextlib.redirect_stdout(io.StringIO()):      # the Trainer prints its summary dict
+    # the Trainer prints its summary dict, and DPOTrainer a progress bar of the reference pass
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         trainer.train()
     return ends[-1] - ends[0]
 
@@ -108,8 +109,12 @@ def main() -> None:
     ap.add_argument("--smol-steps", type=int, default=8)
     ap.add_argument("--smol-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=["nano", "smollm2"], help="one model instead of both")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)       # TrainingArguments' renamed fields
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -117,10 +122,14 @@ def main() -> None:
     import datasets
 
     datasets.disable_progress_bars()
-    cases = [("nano", resolve_model("nano", progress=False), args.nano_steps, args.nano_batch, None, 1e-3)]
+    cases = []
+    if args.only != "smollm2":
+        cases.append(("nano", resolve_model("nano", progress=False), args.nano_steps, args.nano_batch, None, 1e-3))
     from gymloop.bases.smollm2 import available
 
-    if available() is None:
+    if args.only == "nano":
+        pass
+    elif available() is None:
         cases.append(("SmolLM2-135M + LoRA", resolve_model("smollm2", progress=False), args.smol_steps, args.smol_batch,
                       {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS}, 1e-4))
     else:

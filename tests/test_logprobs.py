@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gymloop.trainer.logprobs import MIN_SHARED_PREFIX, completion_logprobs, make_batch, shared_prefix, token_logprobs
+from gymloop.trainer.logprobs import (MIN_SHARED_PREFIX, completion_logprobs, make_batch, pack_rows, shared_prefix,
+                                     token_logprobs)
 
 from conftest import tiny_llama
 
@@ -63,3 +64,53 @@ def test_short_prefixes_and_capped_prefixes(tok):
     first = int(same.loss_mask[0].nonzero()[0])
     assert shared_prefix(same) == first - 1
     assert torch.allclose(token_logprobs(model, same) * same.loss_mask, completion_logprobs(model, same), atol=1e-5)
+
+
+def pair_batch(tok, pairs, extra=()):
+    """DPO-shaped: the preferred answers, then the non-preferred ones (rows i and len(pairs) + i
+    share their prompt), then `extra` rows of their own."""
+    seqs, masks = [], []
+    for side in (0, 1):
+        for prompt, answers in pairs:
+            msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answers[side]}]
+            ids, mask = tok.sft_ids(msgs)
+            seqs.append(ids), masks.append(mask)
+    for msgs in extra:
+        ids, mask = tok.sft_ids(msgs)
+        seqs.append(ids), masks.append(mask)
+    b = make_batch(seqs, masks, None, tok.pad_token_id)
+    b.loss_mask[:, 0] = 0
+    return b
+
+
+@pytest.mark.parametrize("kind", ["llama", "gqa", "qwen2"])
+def test_packed_rows_share_prompts_and_change_nothing(tok, kind):
+    """A DPO batch runs each pair's prompt once (pack_rows) and the last layer only where a
+    trained token is predicted; values and gradients are the plain forward's. With rows that
+    share nothing, a row with no trained token, and a multi-turn row trained on a middle turn."""
+    model = tiny_llama(tok.vocab_size, seed=1, kv_heads=2 if kind == "gqa" else None,
+                       model_type="qwen2" if kind == "qwen2" else "llama")
+    untrained = [{"role": "user", "content": "5+5="}]
+    multi = [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "4"},
+             {"role": "user", "content": "and 3+3="}]
+    b = pair_batch(tok, [("1+2=", ("3", "4")), ("13+40=", ("53", "530")), ("7+7=", ("14", "1"))],
+                   extra=[[{"role": "user", "content": "99+1="}, {"role": "assistant", "content": "100"}], untrained, multi])
+    packed = pack_rows(b)
+    assert packed.ids.shape[0] == 3 + 3                         # three pairs packed, three rows alone
+    assert packed.mask is not None and packed.sel.shape[0] == 6
+    plain = token_logprobs(model, b) * b.loss_mask
+    fast = completion_logprobs(model, b)
+    assert torch.allclose(plain, fast, atol=1e-5)
+    assert (fast != 0).sum() == b.loss_mask[:, 1:].sum()
+    for g1, g2 in zip(grads(model, plain.sum()), grads(model, fast.sum())):
+        assert torch.allclose(g1, g2, atol=1e-5)
+
+
+def test_rows_that_share_nothing_stay_plain_causal(tok):
+    b = batch_of(tok, ["1+2=", "13+40=", "7+7="], system=False)
+    packed = pack_rows(b)
+    assert packed.mask is None and torch.equal(packed.ids, b.input_ids)
+    # each row's selected positions are the ones before its trained tokens, in order, then padding
+    for row in range(3):
+        want = (b.loss_mask[row, 1:] > 0).nonzero().squeeze(-1).tolist()
+        assert packed.sel[row].tolist() == want + [0] * (packed.sel.shape[1] - len(want))

@@ -108,47 +108,76 @@ class LlamaBackend:
             self.k[i, :, :, t0:t0 + T] = k
             self.v[i, :, :, t0:t0 + T] = v
             kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
-            return F.scaled_dot_product_attention(q, kc, vc, attn_mask=attn, scale=1.0 / math.sqrt(self.head_dim),
-                                                  enable_gqa=self.n_kv != self.n_heads)
-        x = self._layers(ids, pos, attend)
-        x = F.rms_norm(x[:, -1], (x.shape[-1],), self.final_norm, self.eps)
+            return self._attention(q, kc, vc, attn)
+        x = self._norm(self._layers(ids, pos, attend)[:, -1], self.final_norm)
         return F.linear(x, self.lm_head)                          # [B, V]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
+    def _q(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Normed hidden states h [B, T, H*D] -> rotated queries [B, H, T, D] (cos/sin
+        broadcastable to [B, 1, T, D])."""
+        B, T, _ = h.shape
+        return self._rotate(F.linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+
+    def _kv(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [B, T, H*D] -> rotated keys and values, [B, KV, T, D] each."""
+        B, T, _ = h.shape
+        k = F.linear(h, w[3], w[4]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return self._rotate(k, cos, sin), F.linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+
+    def _out_mlp(self, x: torch.Tensor, o: torch.Tensor, w: tuple) -> torch.Tensor:
+        """The rest of a layer: the attention output o [B, H, T, D] projected onto the residual
+        stream x [B, T, H*D], then the MLP's residual. Returns [B, T, H*D]."""
+        B, T, _ = x.shape
+        wo, n2, wg, wu, wd = w[7:]
+        x = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), wo)
+        h = self._norm(x, n2)
+        return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+
+    def _attention(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=1.0 / math.sqrt(self.head_dim), enable_gqa=self.n_kv != self.n_heads)
 
     def _layers(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
         """The decoder stack on ids/pos [B, T] -> hidden states [B, T, H*D] before the final norm;
-        `attend(layer, q, k, v)` -> [B, H, T, D] is the attention (cached decode or causal)."""
-        B, T = ids.shape
-        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        `attend(layer, q, k, v)` -> [B, H, T, D] is the attention (the cached decode's)."""
         dtype = self.embed.dtype
         x = F.embedding(ids, self.embed)                          # [B, T, H*D]
         cos = self._cos[pos].to(dtype)[:, None]                   # [B, 1, T, D]
         sin = self._sin[pos].to(dtype)[:, None]
-        for i, (n1, wq, bq, wk, bk, wv, bv, wo, n2, wg, wu, wd) in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), n1, self.eps)
-            q = F.linear(h, wq, bq).view(B, T, H, D).transpose(1, 2)     # [B, H, T, D]
-            k = F.linear(h, wk, bk).view(B, T, KV, D).transpose(1, 2)    # [B, KV, T, D]
-            v = F.linear(h, wv, bv).view(B, T, KV, D).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            o = attend(i, q, k, v)                                        # [B, H, T, D]
-            x = x + F.linear(o.transpose(1, 2).reshape(B, T, H * D), wo)
-            h = F.rms_norm(x, (x.shape[-1],), n2, self.eps)
-            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        for i, w in enumerate(self.layers):
+            h = self._norm(x, w[0])
+            x = self._out_mlp(x, attend(i, self._q(h, w, cos, sin), *self._kv(h, w, cos, sin)), w)
         return x
 
-    def train_logits(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """Training's forward, with autograd, on right-padded ids [B, T]: the logits of positions
-        `keep` [K] only, [B, K, V] (the vocabulary projection is the costly part of small models).
-        Causal attention over each row's real tokens (a right-padded row's padding comes after
-        them, so no real token sees it)."""
-        T = ids.shape[1]
-        self._rope_table(T)
-        pos = torch.arange(T, device=ids.device).expand(ids.shape[0], T)
-
-        def attend(i, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.head_dim),
-                                                  enable_gqa=self.n_kv != self.n_heads)
-        x = self._layers(ids, pos, attend)[:, keep]               # [B, K, H*D]
-        return F.linear(F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps), self.lm_head)
+    def packed_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                      sel: torch.Tensor) -> torch.Tensor:
+        """Training's forward, with autograd, on packed rows (trainer/logprobs.pack_rows): ids and
+        pos [R, T] (pos: each token's position in its own sequence), mask [R, T, T] bool (which
+        keys each query sees; None: plain causal rows, right-padded), sel [R, U] (the positions
+        whose logits are returned). The last layer computes only what those logits read: keys
+        and values everywhere, queries, attention and MLP at sel. Returns [R, U, V]."""
+        R, T = ids.shape
+        dtype = self.embed.dtype
+        self._rope_table(int(pos.max()) + 1)
+        cos, sin = self._cos[pos].to(dtype)[:, None], self._sin[pos].to(dtype)[:, None]   # [R, 1, T, D]
+        rows = torch.arange(R, device=ids.device)[:, None]                         # [R, 1]
+        x = F.embedding(ids, self.embed)                                           # [R, T, H*D]
+        last = len(self.layers) - 1
+        for i, w in enumerate(self.layers):
+            h = self._norm(x, w[0])
+            k, v = self._kv(h, w, cos, sin)                                        # [R, KV, T, D]
+            if i < last:
+                o = self._attention(self._q(h, w, cos, sin), k, v, None if mask is None else mask[:, None],
+                                    causal=mask is None)
+                x = self._out_mlp(x, o, w)
+                continue
+            seen = (torch.arange(T, device=ids.device) <= sel[..., None]) if mask is None else mask[rows, sel]  # [R, U, T]
+            q = self._q(h[rows, sel], w, cos[:, 0][rows, sel][:, None], sin[:, 0][rows, sel][:, None])       # [R, H, U, D]
+            x = self._out_mlp(x[rows, sel], self._attention(q, k, v, seen[:, None]), w)                    # [R, U, H*D]
+        return F.linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
 
     @torch.inference_mode()
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

@@ -15,9 +15,10 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..algorithms.dpo import DPOLoss, sequence_logps
 from ..algorithms.sft import sft_loss
@@ -26,7 +27,7 @@ from ..models.chat import ChatTokenizer
 from ..models.checkpoint import load_model, save_model
 from ..models.parameters import count_parameters
 from ..models.routing import routers
-from ..trainer.logprobs import TokenBatch, completion_logprobs, logprobs_and_aux, make_batch
+from ..trainer.logprobs import TokenBatch, completion_logprobs, logprobs_and_aux
 from ..trainer.trainer import lr_factor, optimizer_step
 from ..models import lora
 
@@ -140,10 +141,16 @@ def _logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, 
     return completion_logprobs(model, batch), None
 
 
-def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
-    b = make_batch([e[0] for e in examples], [e[1] for e in examples], None, pad_id)
-    b.loss_mask[:, 0] = 0                 # position 0 has no prediction
-    return b
+def _batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> TokenBatch:
+    """Right-padded [N, L] batch of (ids, mask) examples (lists, or the tensors _examples makes
+    once, so a step only pads)."""
+    ids = [torch.as_tensor(e[0], dtype=torch.long) for e in examples]
+    lens = torch.tensor([len(i) for i in ids])
+    mask = pad_sequence([torch.as_tensor(e[1], dtype=torch.float32) for e in examples], batch_first=True)
+    mask[:, 0] = 0                        # position 0 has no prediction
+    ids_t = pad_sequence(ids, batch_first=True, padding_value=pad_id)
+    att = (torch.arange(ids_t.shape[1]) < lens[:, None]).long()
+    return TokenBatch(ids_t, att, mask, torch.zeros_like(mask))
 
 
 # --- the loop ----------------------------------------------------------------------------
@@ -189,10 +196,15 @@ def _write_checkpoint(model, tok, path: Path, extra: dict, state: dict | None) -
 
 
 def _examples(method: str, tok: ChatTokenizer, rows: list[dict]) -> list:
+    """supervised: an (ids, mask) per row; dpo: a (preferred, non-preferred) pair of them; as
+    tensors [L_i]."""
+    def tensors(ex: tuple[list[int], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(ex[0], dtype=torch.long), torch.tensor(ex[1], dtype=torch.float32)
+
     if method == "supervised":
-        return [sft_example(tok, r) for r in rows]
-    return [(completion_example(tok, r["input"]["messages"], r["preferred_output"], r["input"].get("tools")),
-             completion_example(tok, r["input"]["messages"], r["non_preferred_output"], r["input"].get("tools")))
+        return [tensors(sft_example(tok, r)) for r in rows]
+    return [(tensors(completion_example(tok, r["input"]["messages"], r["preferred_output"], r["input"].get("tools"))),
+             tensors(completion_example(tok, r["input"]["messages"], r["non_preferred_output"], r["input"].get("tools"))))
             for r in rows]
 
 
@@ -215,7 +227,9 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
     steps_per_epoch = math.ceil(len(examples) / hp.batch_size)
     total = steps_per_epoch * hp.n_epochs
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=hp.learning_rate, weight_decay=0.0, betas=(0.9, 0.999))
+    # the fused kernel (one call for every tensor) where torch has one: AdamW 2.8 -> 1.1 ms of a 17 ms nano step
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in trainable)
+    opt = torch.optim.AdamW(trainable, lr=hp.learning_rate, weight_decay=0.0, betas=(0.9, 0.999), fused=fused)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps=min(10, total // 10),
                                                                      decay_steps=total, min_ratio=0.1))
     step, tokens, seconds = 0, 0, 0.0

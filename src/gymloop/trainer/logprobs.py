@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -109,31 +110,113 @@ def shared_prefix(batch: TokenBatch) -> int:
     return max(0, min(run, first - 1))
 
 
+@dataclass
+class PackedRows:
+    """A batch packed for the native training forward (engine/llama.LlamaBackend.packed_logits).
+    Rows that share their tokens up to the position that predicts their first trained token (a
+    DPO pair's prompt) become one packed row: the shared prefix once, then each row's rest, each
+    rest seeing the prefix and itself only. Other rows stay as they are.
+
+    ids, pos [R, T] (pos: a token's position in its own row); mask [R, T, T] bool, or None when
+    nothing was shared (plain causal rows); sel [R, U]: the packed positions that predict a
+    trained token (repeated to width U); for each trained token [K]: its batch row and position
+    (row, col) and where its prediction is in sel (at_row, at_u)."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    mask: torch.Tensor | None
+    sel: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    at_row: torch.Tensor
+    at_u: torch.Tensor
+
+    def to(self, device: torch.device | str) -> "PackedRows":
+        return PackedRows(*(None if t is None else t.to(device) for t in (
+            self.ids, self.pos, self.mask, self.sel, self.row, self.col, self.at_row, self.at_u)))
+
+
+def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
+    """The batch as PackedRows, built on the CPU (its ids are read as lists anyway)."""
+    batch = batch.to("cpu")
+    trained = batch.loss_mask[:, 1:].bool()                               # [N, L-1]: position j predicts j + 1
+    n, length = batch.input_ids.shape
+    ids, lens = batch.input_ids.tolist(), batch.attention_mask.sum(-1).tolist()
+    first = torch.where(trained.any(-1), trained.float().argmax(-1), 0).tolist()
+    count = Counter(tuple(r[:s]) for r, s in zip(ids, first))
+    groups: dict[tuple, list[int]] = {}
+    for m, (r, s) in enumerate(zip(ids, first)):
+        # a prefix no other row has stays in its row (key: the row alone)
+        groups.setdefault(tuple(r[:s]) if count[tuple(r[:s])] > 1 else (-1, m), []).append(m)
+    r, j = trained.nonzero(as_tuple=True)                                 # [K]
+    if len(groups) == n:                                                  # nothing shared: the batch as it is
+        sel, at_u = _selected(r, j, n)
+        return PackedRows(batch.input_ids, torch.arange(length).expand(n, length), None, sel, r, j + 1, r, at_u)
+    # shift[m]: batch position t of row m is position t + shift[m] of packed row home[m]
+    tokens, positions, segments, home, shift = [], [], [], [0] * n, [0] * n
+    for g, members in enumerate(groups.values()):
+        s = first[members[0]] if len(members) > 1 else 0
+        tok, pos, seg = ids[members[0]][:s], list(range(s)), [0] * s
+        for k, m in enumerate(members, 1):
+            home[m], shift[m] = g, len(tok) - s
+            tok, pos, seg = tok + ids[m][s:lens[m]], pos + list(range(s, lens[m])), seg + [k] * (lens[m] - s)
+        tokens.append(tok), positions.append(pos), segments.append(seg)
+    width = max(map(len, tokens))
+    pad = lambda rows, v: torch.tensor([r + [v] * (width - len(r)) for r in rows], dtype=torch.long)  # noqa: E731
+    packed_ids, pos, seg = pad(tokens, pad_id), pad(positions, 0), pad(segments, -1)
+    sq, sk = seg[:, :, None], seg[:, None, :]                             # [R, T, 1], [R, 1, T]
+    # a rest sees the prefix (segment 0) and its own earlier tokens; a padding query sees itself,
+    # so no softmax row is empty
+    mask = (torch.ones(width, width, dtype=torch.bool).tril() & (sk >= 0) & ((sk == 0) | (sk == sq))) \
+        | torch.eye(width, dtype=torch.bool)
+    at_row = torch.tensor(home)[r]
+    packed_col = j + torch.tensor(shift)[r]
+    sel, at_u = _selected(at_row, packed_col, len(groups))
+    return PackedRows(packed_ids, pos, mask, sel, r, j + 1, at_row, at_u)
+
+
+def _selected(row: torch.Tensor, col: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sel [R, U]: each row's distinct columns, in order, padded with column 0; at [K]: where
+    (row[k], col[k]) is in its row of sel)."""
+    width = int(col.max()) + 1 if len(col) else 1
+    uniq, inverse = torch.unique(row * width + col, return_inverse=True)  # sorted by row, then column
+    urow, ucol = uniq // width, uniq % width
+    per_row = torch.bincount(urow, minlength=n_rows)
+    start = torch.cumsum(per_row, 0) - per_row                            # [R]
+    rank = torch.arange(len(uniq)) - start[urow]                          # a column's place in its row
+    sel = torch.zeros(n_rows, max(int(per_row.max()) if n_rows else 0, 1), dtype=torch.long)
+    sel[urow, rank] = ucol
+    return sel, rank[inverse]
+
+
 def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values as
-    token_logprobs with less work: the prefix all rows share runs once (its keys and values
-    repeated for every row, gradients flowing back through them), and the vocabulary
-    projection runs only at positions that predict a trained token. Without a long shared
-    prefix, a Llama-family model runs the engine's native forward (engine/llama.py: the same
-    math without the framework's per-call overhead). MoE models (router losses and replay over
-    every position) and other models without a shared prefix take the plain path."""
+    token_logprobs with less work, in one of two ways. A Llama-family model without a long
+    prefix common to the whole batch runs the engine's native forward on packed rows
+    (pack_rows: a DPO pair's prompt runs once for both answers; the last layer computes only
+    what the trained tokens read). Otherwise the prefix all rows share runs once (its keys and
+    values repeated for every row, gradients flowing back through them). Both project onto the
+    vocabulary only the positions that predict a trained token. MoE models (router losses and
+    replay over every position) and other models without a shared prefix take the plain path."""
     from ..engine.llama import LlamaBackend, supports
 
     n, length = batch.input_ids.shape
     p = shared_prefix(batch)
-    # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
-    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
     if routers(model) or (p < MIN_SHARED_PREFIX and supports(model) is not None):
         return token_logprobs(model, batch) * batch.loss_mask
+    full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
     if p < MIN_SHARED_PREFIX:
-        logits = LlamaBackend(model).train_logits(batch.input_ids, want)              # [N, K, V]
-    else:
-        head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
-        cache = head.cache
-        cache.batch_repeat_interleave(n)                               # [1, heads, P, d] -> [N, heads, P, d]
-        logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
-                       use_cache=False, logits_to_keep=want - p).logits               # [N, K, V]
+        k = pack_rows(batch).to(batch.input_ids.device)
+        logits = LlamaBackend(model).packed_logits(k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
+        full[k.row, k.col] = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
+        return full * batch.loss_mask
+    # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
+    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
+    head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
+    cache = head.cache
+    cache.batch_repeat_interleave(n)                                   # [1, heads, P, d] -> [N, heads, P, d]
+    logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
+                   use_cache=False, logits_to_keep=want - p).logits                   # [N, K, V]
     lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
-    full = torch.zeros(n, length, dtype=lp.dtype, device=lp.device)
     full[:, want + 1] = lp                                             # [N, K] back to token positions
     return full * batch.loss_mask
