@@ -127,12 +127,10 @@ def main() -> None:
         cases.append(("nano", resolve_model("nano", progress=False), args.nano_steps, args.nano_batch, None, 1e-3))
     from gymloop.bases.smollm2 import available
 
-    if args.only == "nano":
-        pass
-    elif available() is None:
+    if args.only != "nano" and available() is None:
         cases.append(("SmolLM2-135M + LoRA", resolve_model("smollm2", progress=False), args.smol_steps, args.smol_batch,
                       {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS}, 1e-4))
-    else:
+    elif args.only != "nano":
         print(f"SmolLM2 skipped: {available()}")
     table = [["model", "method", "batch", "steps", "gymloop tok/s", "TRL tok/s", "ratio"]]
     out = []

@@ -143,11 +143,12 @@ def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
     n, length = batch.input_ids.shape
     ids, lens = batch.input_ids.tolist(), batch.attention_mask.sum(-1).tolist()
     first = torch.where(trained.any(-1), trained.float().argmax(-1), 0).tolist()
-    count = Counter(tuple(r[:s]) for r, s in zip(ids, first))
+    prefixes = [tuple(r[:s]) for r, s in zip(ids, first)]
+    count = Counter(prefixes)
     groups: dict[tuple, list[int]] = {}
-    for m, (r, s) in enumerate(zip(ids, first)):
+    for m, key in enumerate(prefixes):
         # a prefix no other row has stays in its row (key: the row alone)
-        groups.setdefault(tuple(r[:s]) if count[tuple(r[:s])] > 1 else (-1, m), []).append(m)
+        groups.setdefault(key if count[key] > 1 else (-1, m), []).append(m)
     r, j = trained.nonzero(as_tuple=True)                                 # [K]
     if len(groups) == n:                                                  # nothing shared: the batch as it is
         sel, at_u = _selected(r, j, n)
