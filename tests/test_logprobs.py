@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gymloop.trainer.logprobs import (MIN_SHARED_PREFIX, completion_logprobs, make_batch, pack_rows, shared_prefix,
+from gymloop.trainer.logprobs import (MIN_SHARED_PREFIX, CompletionLogprobs, completion_logprobs, make_batch, pack_rows, shared_prefix,
                                      token_logprobs)
 
 from conftest import tiny_llama
@@ -109,8 +109,26 @@ def test_packed_rows_share_prompts_and_change_nothing(tok, kind):
 def test_rows_that_share_nothing_stay_plain_causal(tok):
     b = batch_of(tok, ["1+2=", "13+40=", "7+7="], system=False)
     packed = pack_rows(b)
-    assert packed.mask is None and torch.equal(packed.ids, b.input_ids)
+    last = max(int((b.loss_mask[row] > 0).nonzero().max()) for row in range(3))      # the last trained token
+    # plain causal rows, up to the token that predicts the last trained one (the final token feeds nothing)
+    assert packed.mask is None and torch.equal(packed.ids, b.input_ids[:, :last])
     # each row's selected positions are the ones before its trained tokens, in order, then padding
     for row in range(3):
         want = (b.loss_mask[row, 1:] > 0).nonzero().squeeze(-1).tolist()
         assert packed.sel[row].tolist() == want + [0] * (packed.sel.shape[1] - len(want))
+
+
+def test_a_scorer_built_once_sees_the_weights_change(tok):
+    """A job builds CompletionLogprobs once and steps the optimizer under it: each call reads the
+    weights as they are then, as a fresh completion_logprobs does."""
+    model = tiny_llama(tok.vocab_size, seed=2)
+    b = pair_batch(tok, [("1+2=", ("3", "4")), ("13+40=", ("53", "530"))])
+    score = CompletionLogprobs(model)
+    assert score.native is not None and not score.moe
+    before = score(b).detach()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    (-score(b).sum()).backward()
+    opt.step()
+    after = score(b).detach()
+    assert not torch.allclose(before, after, atol=1e-4)                 # the update is seen ...
+    assert torch.allclose(after, token_logprobs(model, b) * b.loss_mask, atol=1e-5)     # ... and is the model's

@@ -26,8 +26,7 @@ from ..algorithms.table import Table
 from ..models.chat import ChatTokenizer
 from ..models.checkpoint import load_model, save_model
 from ..models.parameters import count_parameters
-from ..models.routing import routers
-from ..trainer.logprobs import TokenBatch, completion_logprobs, logprobs_and_aux
+from ..trainer.logprobs import CompletionLogprobs, TokenBatch, logprobs_and_aux
 from ..trainer.trainer import lr_factor, optimizer_step
 from ..models import lora
 
@@ -132,13 +131,14 @@ def completion_example(tok: ChatTokenizer, messages: list[dict], completion: lis
     return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
 
 
-def _logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logp [N, L] of the trained tokens, an MoE router's aux loss or None): the shared prefix of
-    a batch runs once and only trained positions are projected onto the vocabulary
-    (trainer/logprobs.completion_logprobs); MoE models take the full path with their router loss."""
-    if routers(model):
-        return logprobs_and_aux(model, batch)
-    return completion_logprobs(model, batch), None
+def _logprobs(score: CompletionLogprobs, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp [N, L] of the trained tokens, an MoE router's aux loss or None): packed rows or the
+    shared prefix run once and only trained positions are projected onto the vocabulary
+    (trainer/logprobs.CompletionLogprobs, built once per job); MoE models take the full path with
+    their router loss."""
+    if score.moe:
+        return logprobs_and_aux(score.model, batch)
+    return score(batch), None
 
 
 def _batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> TokenBatch:
@@ -217,13 +217,14 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
     model, tok = load_model(run.start_model if (hp.lora or not run.resume) else run.resume)
     if hp.lora:
         model = lora.wrap(model, hp.lora, run.resume / lora.ADAPTER_DIR if run.resume else None)
+    score = CompletionLogprobs(model)
     examples = _examples(method, tok, run.rows)
     valid = _examples(method, tok, run.valid_rows or []) if method == "supervised" else []
     ref = None
     if method == "dpo":
         loss_fn = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
         # the reference is the model before the first step: kept in the state, not recomputed on resume
-        ref = start["reference"] if start else (None if hp.reference_free else _reference_logps(model, tok, examples, hp))
+        ref = start["reference"] if start else (None if hp.reference_free else _reference_logps(score, tok, examples, hp))
     steps_per_epoch = math.ceil(len(examples) / hp.batch_size)
     total = steps_per_epoch * hp.n_epochs
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -263,12 +264,12 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
         idx = order[k * hp.batch_size:(k + 1) * hp.batch_size].tolist()
         if method == "supervised":
             batch = _batch([examples[i] for i in idx], tok.pad_token_id)
-            logp, aux = _logprobs(model, batch)
+            logp, aux = _logprobs(score, batch)
             loss, m = sft_loss(logp, batch.loss_mask)
             metrics = {"train_loss": m["nll"]}
         else:
             batch = _batch([examples[i][0] for i in idx] + [examples[i][1] for i in idx], tok.pad_token_id)
-            logp, aux = _logprobs(model, batch)
+            logp, aux = _logprobs(score, batch)
             seq = sequence_logps(logp, batch.loss_mask, hp.length_normalize)
             c, r = seq[:len(idx)], seq[len(idx):]
             nll = -(logp * batch.loss_mask).sum(-1)[:len(idx)] / batch.loss_mask[:len(idx)].sum(-1).clamp(min=1)
@@ -283,7 +284,7 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
         metrics.update(step=step, total_steps=total, learning_rate=sched.get_last_lr()[0], trained_tokens=tokens)
         if step % every == 0 or step == total:
             if valid:
-                metrics["valid_loss"] = _mean_nll(model, tok, valid, hp.batch_size)
+                metrics["valid_loss"] = _mean_nll(score, tok, valid, hp.batch_size)
             progress.on_checkpoint(step, metrics, write)
         progress.on_metrics(metrics)
     out = result("succeeded")
@@ -306,27 +307,29 @@ METHODS: Table[Callable[[JobRun, Progress], dict]] = Table("fine-tuning method",
 
 
 @torch.no_grad()
-def _reference_logps(model, tok, examples, hp: Hyper) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_logps(score: CompletionLogprobs, tok, examples, hp: Hyper) -> tuple[torch.Tensor, torch.Tensor]:
     """The frozen reference (the model before the first step) on every pair: [P] chosen, [P] rejected.
     Computed once, so no second model is kept in memory."""
+    model = score.model
     model.eval()
     out = ([], [])
     for i in range(0, len(examples), hp.batch_size):
         for side in (0, 1):
             b = _batch([e[side] for e in examples[i:i + hp.batch_size]], tok.pad_token_id)
-            out[side].append(sequence_logps(_logprobs(model, b)[0], b.loss_mask, hp.length_normalize))
+            out[side].append(sequence_logps(_logprobs(score, b)[0], b.loss_mask, hp.length_normalize))
     model.train()
     return torch.cat(out[0]), torch.cat(out[1])
 
 
 @torch.no_grad()
-def _mean_nll(model, tok, examples, batch_size: int) -> float:
+def _mean_nll(score: CompletionLogprobs, tok, examples, batch_size: int) -> float:
+    model = score.model
     was = model.training
     model.eval()
     total, n = 0.0, 0.0
     for i in range(0, len(examples), batch_size):
         b = _batch(examples[i:i + batch_size], tok.pad_token_id)
-        lp = _logprobs(model, b)[0]
+        lp = _logprobs(score, b)[0]
         total += float(-(lp * b.loss_mask).sum())
         n += float(b.loss_mask.sum())
     model.train(was)

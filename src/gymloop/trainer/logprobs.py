@@ -115,7 +115,8 @@ class PackedRows:
     """A batch packed for the native training forward (engine/llama.LlamaBackend.packed_logits).
     Rows that share their tokens up to the position that predicts their first trained token (a
     DPO pair's prompt) become one packed row: the shared prefix once, then each row's rest, each
-    rest seeing the prefix and itself only. Other rows stay as they are.
+    rest seeing the prefix and itself only. Other rows stay as they are. Every row ends at the
+    token that predicts its last trained token (what comes after feeds nothing trained).
 
     ids, pos [R, T] (pos: a token's position in its own row); mask [R, T, T] bool, or None when
     nothing was shared (plain causal rows); sel [R, U]: the packed positions that predict a
@@ -141,8 +142,13 @@ def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
     batch = batch.to("cpu")
     trained = batch.loss_mask[:, 1:].bool()                               # [N, L-1]: position j predicts j + 1
     n, length = batch.input_ids.shape
-    ids, lens = batch.input_ids.tolist(), batch.attention_mask.sum(-1).tolist()
-    first = torch.where(trained.any(-1), trained.float().argmax(-1), 0).tolist()
+    ids = batch.input_ids.tolist()
+    some = trained.any(-1)
+    first = torch.where(some, trained.float().argmax(-1), 0).tolist()
+    # a row's tokens after the one that predicts its last trained token feed nothing trained
+    # (a causal model: nothing before them reads them): they are left out
+    ends = torch.where(some, length - 1 - trained.flip(-1).float().argmax(-1), 0)      # [N]
+    lens = ends.tolist()
     prefixes = [tuple(r[:s]) for r, s in zip(ids, first)]
     count = Counter(prefixes)
     groups: dict[tuple, list[int]] = {}
@@ -152,7 +158,8 @@ def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
     r, j = trained.nonzero(as_tuple=True)                                 # [K]
     if len(groups) == n:                                                  # nothing shared: the batch as it is
         sel, at_u = _selected(r, j, n)
-        return PackedRows(batch.input_ids, torch.arange(length).expand(n, length), None, sel, r, j + 1, r, at_u)
+        width = max(int(ends.max()), 1)
+        return PackedRows(batch.input_ids[:, :width], torch.arange(width).expand(n, width), None, sel, r, j + 1, r, at_u)
     # shift[m]: batch position t of row m is position t + shift[m] of packed row home[m]
     tokens, positions, segments, home, shift = [], [], [], [0] * n, [0] * n
     for g, members in enumerate(groups.values()):
@@ -190,34 +197,51 @@ def _selected(row: torch.Tensor, col: torch.Tensor, n_rows: int) -> tuple[torch.
     return sel, rank[inverse]
 
 
-def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values as
-    token_logprobs with less work, in one of two ways. A Llama-family model without a long
-    prefix common to the whole batch runs the engine's native forward on packed rows
-    (pack_rows: a DPO pair's prompt runs once for both answers; the last layer computes only
-    what the trained tokens read). Otherwise the prefix all rows share runs once (its keys and
-    values repeated for every row, gradients flowing back through them). Both project onto the
-    vocabulary only the positions that predict a trained token. MoE models (router losses and
-    replay over every position) and other models without a shared prefix take the plain path."""
-    from ..engine.llama import LlamaBackend, supports
+class CompletionLogprobs:
+    """completion_logprobs for one model whose modules stay the ones it was built on (a
+    training job's, whose weights change in place): which path the model takes and its native
+    backend are found once instead of every step (finding MoE routers walks every module)."""
 
-    n, length = batch.input_ids.shape
-    p = shared_prefix(batch)
-    if routers(model) or (p < MIN_SHARED_PREFIX and supports(model) is not None):
-        return token_logprobs(model, batch) * batch.loss_mask
-    full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
-    if p < MIN_SHARED_PREFIX:
-        k = pack_rows(batch).to(batch.input_ids.device)
-        logits = LlamaBackend(model).packed_logits(k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
-        full[k.row, k.col] = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
+    def __init__(self, model: torch.nn.Module) -> None:
+        from ..engine.llama import LlamaBackend, supports
+
+        self.model = model
+        self.moe = bool(routers(model))
+        self.native = LlamaBackend(model) if not self.moe and supports(model) is None else None
+
+    def __call__(self, batch: TokenBatch) -> torch.Tensor:
+        """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values
+        as token_logprobs with less work, in one of two ways. A Llama-family model without a
+        long prefix common to the whole batch runs the engine's native forward on packed rows
+        (pack_rows: a DPO pair's prompt runs once for both answers; the last layer computes only
+        what the trained tokens read). Otherwise the prefix all rows share runs once (its keys
+        and values repeated for every row, gradients flowing back through them). Both project
+        onto the vocabulary only the positions that predict a trained token. MoE models (router
+        losses and replay over every position) and other models without a shared prefix take
+        the plain path."""
+        model = self.model
+        n, length = batch.input_ids.shape
+        p = shared_prefix(batch)
+        if self.moe or (p < MIN_SHARED_PREFIX and self.native is None):
+            return token_logprobs(model, batch) * batch.loss_mask
+        full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
+        if p < MIN_SHARED_PREFIX:
+            k = pack_rows(batch).to(batch.input_ids.device)
+            logits = self.native.packed_logits(k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
+            full[k.row, k.col] = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
+            return full * batch.loss_mask
+        # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
+        want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
+        head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
+        cache = head.cache
+        cache.batch_repeat_interleave(n)                               # [1, heads, P, d] -> [N, heads, P, d]
+        logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
+                       use_cache=False, logits_to_keep=want - p).logits               # [N, K, V]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
+        full[:, want + 1] = lp                                         # [N, K] back to token positions
         return full * batch.loss_mask
-    # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
-    want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
-    head = model(input_ids=batch.input_ids[:1, :p], attention_mask=batch.attention_mask[:1, :p], use_cache=True)
-    cache = head.cache
-    cache.batch_repeat_interleave(n)                                   # [1, heads, P, d] -> [N, heads, P, d]
-    logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
-                   use_cache=False, logits_to_keep=want - p).logits                   # [N, K, V]
-    lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
-    full[:, want + 1] = lp                                             # [N, K] back to token positions
-    return full * batch.loss_mask
+
+
+def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """logp [N, L] of the trained tokens (CompletionLogprobs, built for this one call)."""
+    return CompletionLogprobs(model)(batch)
