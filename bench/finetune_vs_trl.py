@@ -5,6 +5,9 @@ alpha and target modules on both sides).
 
     python bench/finetune_vs_trl.py [--repeats 3] [--nano-steps 30] [--smol-steps 8] [--only nano|smollm2]
 
+Three cases per model: SFT, SFT with a system prompt before every row (the common prefix a real
+data set often has, which gymloop runs once per batch), and DPO.
+
 Both sides: float32, one torch thread, no gradient checkpointing, no evaluation or saving
 inside the timed steps; DPO's reference log-probs computed before training on both sides (TRL:
 precompute_ref_log_probs). Tokens/s = the non-padding tokens of the timed steps (the same rows on
@@ -43,12 +46,22 @@ def rows(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
     return out
 
 
-def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None) -> tuple[float, int]:
+SYSTEM = "You are a calculator. Add the two numbers and answer with the sum only."
+# name -> (method, system prompt or None)
+CASES = {"SFT": ("supervised", None), "SFT, system prompt": ("supervised", SYSTEM), "DPO": ("dpo", None)}
+
+
+def prompt(p: str, system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
+
+
+def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None,
+         system: str | None = None) -> tuple[float, int]:
     """(steady seconds, steady tokens) of one epoch through train_tokens."""
     if method == "supervised":
-        r = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c, _ in data]
+        r = [{"messages": prompt(p, system) + [{"role": "assistant", "content": c}]} for p, c, _ in data]
     else:
-        r = [{"input": {"messages": [{"role": "user", "content": p}]},
+        r = [{"input": {"messages": prompt(p, system)},
               "preferred_output": [{"role": "assistant", "content": c}],
               "non_preferred_output": [{"role": "assistant", "content": w}]} for p, c, w in data]
     marks: list[tuple[float, int]] = []
@@ -59,7 +72,8 @@ def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict |
     return marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
 
 
-def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None) -> float:
+def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None,
+           system: str | None = None) -> float:
     """Steady seconds of one epoch of TRL on the same rows."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -84,14 +98,14 @@ def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict
     if method == "supervised":
         from trl import SFTConfig, SFTTrainer
 
-        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}],
+        ds = Dataset.from_list([{"prompt": prompt(p, system),
                                  "completion": [{"role": "assistant", "content": c}]} for p, c, _ in data])
         trainer = SFTTrainer(model=model, args=SFTConfig(**common_args), train_dataset=ds, processing_class=tok.hf,
                              peft_config=peft, callbacks=[Clock()])
     else:
         from trl import DPOConfig, DPOTrainer
 
-        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
+        ds = Dataset.from_list([{"prompt": prompt(p, system), "chosen": [{"role": "assistant", "content": c}],
                                  "rejected": [{"role": "assistant", "content": w}]} for p, c, w in data])
         trainer = DPOTrainer(model=model, args=DPOConfig(**common_args, beta=0.1, precompute_ref_log_probs=True),
                              train_dataset=ds, processing_class=tok.hf, peft_config=peft, callbacks=[Clock()])
@@ -132,20 +146,19 @@ def main() -> None:
                       {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS}, 1e-4))
     elif args.only != "nano":
         print(f"SmolLM2 skipped: {available()}")
-    table = [["model", "method", "batch", "steps", "gymloop tok/s", "TRL tok/s", "ratio"]]
+    table = [["model", "case", "batch", "steps", "gymloop tok/s", "TRL tok/s", "ratio"]]
     out = []
     for name, path, steps, batch, lora, lr in cases:
         data = rows(steps * batch)
-        for method in ("supervised", "dpo"):
+        for case, (method, system) in CASES.items():
             ours_s, theirs_s, tokens = [], [], 0
             for _ in range(args.repeats):
-                sec, tokens = ours(method, path, data, batch, lr, lora)
+                sec, tokens = ours(method, path, data, batch, lr, lora, system)
                 ours_s.append(sec)
-                theirs_s.append(theirs(method, path, data, batch, lr, lora))
+                theirs_s.append(theirs(method, path, data, batch, lr, lora, system))
             a, b = tokens / statistics.median(ours_s), tokens / statistics.median(theirs_s)
-            table.append([name, "SFT" if method == "supervised" else "DPO", batch, steps, f"{a:,.0f}", f"{b:,.0f}",
-                          f"{a / b:.2f}x"])
-            out.append({"model": name, "method": method, "batch": batch, "steps": steps, "tokens": tokens,
+            table.append([name, case, batch, steps, f"{a:,.0f}", f"{b:,.0f}", f"{a / b:.2f}x"])
+            out.append({"model": name, "case": case, "method": method, "batch": batch, "steps": steps, "tokens": tokens,
                         "gymloop_seconds": ours_s, "trl_seconds": theirs_s, "ratio": a / b})
             print(common.table(table[:1] + table[-1:]), flush=True)
     print(f"\nSFT / DPO training speed vs TRL ({args.threads} thread(s), median of {args.repeats}; tokens of steps 2..N)")

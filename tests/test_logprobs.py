@@ -66,36 +66,44 @@ def test_short_prefixes_and_capped_prefixes(tok):
     assert torch.allclose(token_logprobs(model, same) * same.loss_mask, completion_logprobs(model, same), atol=1e-5)
 
 
-def pair_batch(tok, pairs, extra=()):
+def pair_batch(tok, pairs, extra=(), system=False):
     """DPO-shaped: the preferred answers, then the non-preferred ones (rows i and len(pairs) + i
-    share their prompt), then `extra` rows of their own."""
+    share their prompt), then `extra` rows of their own; every row after SYSTEM with `system`."""
     seqs, masks = [], []
+    first = [SYSTEM] if system else []
     for side in (0, 1):
         for prompt, answers in pairs:
-            msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answers[side]}]
+            msgs = first + [{"role": "user", "content": prompt}, {"role": "assistant", "content": answers[side]}]
             ids, mask = tok.sft_ids(msgs)
             seqs.append(ids), masks.append(mask)
     for msgs in extra:
-        ids, mask = tok.sft_ids(msgs)
+        ids, mask = tok.sft_ids(first + msgs)
         seqs.append(ids), masks.append(mask)
     b = make_batch(seqs, masks, None, tok.pad_token_id)
     b.loss_mask[:, 0] = 0
     return b
 
 
+@pytest.mark.parametrize("system", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "gqa", "qwen2"])
-def test_packed_rows_share_prompts_and_change_nothing(tok, kind):
-    """A DPO batch runs each pair's prompt once (pack_rows) and the last layer only where a
-    trained token is predicted; values and gradients are the plain forward's. With rows that
-    share nothing, a row with no trained token, and a multi-turn row trained on a middle turn."""
+def test_packed_rows_share_prompts_and_change_nothing(tok, kind, system):
+    """A DPO batch runs each pair's prompt once (pack_rows), a system prompt every row starts
+    with once for the batch, and the last layer only where a trained token is predicted; values
+    and gradients are the plain forward's. With rows that share nothing, a row with no trained
+    token, and a multi-turn row trained on a middle turn."""
     model = tiny_llama(tok.vocab_size, seed=1, kv_heads=2 if kind == "gqa" else None,
                        model_type="qwen2" if kind == "qwen2" else "llama")
     untrained = [{"role": "user", "content": "5+5="}]
     multi = [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "4"},
              {"role": "user", "content": "and 3+3="}]
     b = pair_batch(tok, [("1+2=", ("3", "4")), ("13+40=", ("53", "530")), ("7+7=", ("14", "1"))],
-                   extra=[[{"role": "user", "content": "99+1="}, {"role": "assistant", "content": "100"}], untrained, multi])
-    packed = pack_rows(b)
+                   extra=[[{"role": "user", "content": "99+1="}, {"role": "assistant", "content": "100"}], untrained, multi],
+                   system=system)
+    head = shared_prefix(b)
+    assert (head >= MIN_SHARED_PREFIX) == system
+    packed = pack_rows(b, head=head)
+    # every packed row with a trained token starts right after the head
+    assert torch.equal(packed.head, b.input_ids[0, :head]) and (packed.pos[packed.at_row.unique(), 0] == head).all()
     assert packed.ids.shape[0] == 3 + 3                         # three pairs packed, three rows alone
     assert packed.mask is not None and packed.sel.shape[0] == 6
     plain = token_logprobs(model, b) * b.loss_mask

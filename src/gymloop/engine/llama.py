@@ -152,31 +152,45 @@ class LlamaBackend:
             x = self._out_mlp(x, attend(i, self._q(h, w, cos, sin), *self._kv(h, w, cos, sin)), w)
         return x
 
-    def packed_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+    def packed_logits(self, head: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                       sel: torch.Tensor) -> torch.Tensor:
-        """Training's forward, with autograd, on packed rows (trainer/logprobs.pack_rows): ids and
-        pos [R, T] (pos: each token's position in its own sequence), mask [R, T, T] bool (which
-        keys each query sees; None: plain causal rows, right-padded), sel [R, U] (the positions
-        whose logits are returned). The last layer computes only what those logits read: keys
-        and values everywhere, queries, attention and MLP at sel. Returns [R, U, V]."""
+        """Training's forward, with autograd, on packed rows (trainer/logprobs.pack_rows): head [P]
+        the tokens every row starts with (positions 0..P-1; P may be 0), run once, their keys and
+        values every row's first P; ids and pos [R, T] the rows' own tokens (pos: each token's
+        position in its own sequence), mask [R, T, T] bool (which of the rows' keys each query
+        sees; None: plain causal rows, right-padded), sel [R, U] (the positions whose logits are
+        returned). The last layer computes only what those logits read: keys and values
+        everywhere, queries, attention and MLP at sel. Returns [R, U, V]."""
         R, T = ids.shape
-        dtype = self.embed.dtype
-        self._rope_table(int(pos.max()) + 1)
+        P, dev, dtype = head.shape[0], ids.device, self.embed.dtype
+        self._rope_table(max(int(pos.max()) + 1, P))
         cos, sin = self._cos[pos].to(dtype)[:, None], self._sin[pos].to(dtype)[:, None]   # [R, 1, T, D]
-        rows = torch.arange(R, device=ids.device)[:, None]                         # [R, 1]
+        rows = torch.arange(R, device=dev)[:, None]                                # [R, 1]
         x = F.embedding(ids, self.embed)                                           # [R, T, H*D]
+        seen = mask                                                                # [R, T, P + T] or None: causal
+        if P:
+            own = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(R, T, T) if mask is None else mask
+            seen = torch.cat((torch.ones(R, T, P, dtype=torch.bool, device=dev), own), -1)
+            xh = F.embedding(head, self.embed)[None]                               # [1, P, H*D]
+            ch, sh = self._cos[:P].to(dtype)[None, None], self._sin[:P].to(dtype)[None, None]   # [1, 1, P, D]
         last = len(self.layers) - 1
         for i, w in enumerate(self.layers):
             h = self._norm(x, w[0])
             k, v = self._kv(h, w, cos, sin)                                        # [R, KV, T, D]
+            if P:
+                hh = self._norm(xh, w[0])
+                kh, vh = self._kv(hh, w, ch, sh)                                   # [1, KV, P, D]
+                k, v = torch.cat((kh.expand(R, -1, -1, -1), k), 2), torch.cat((vh.expand(R, -1, -1, -1), v), 2)
+                if i < last:                                                       # the last layer reads only its keys
+                    xh = self._out_mlp(xh, self._attention(self._q(hh, w, ch, sh), kh, vh, causal=True), w)
             if i < last:
-                o = self._attention(self._q(h, w, cos, sin), k, v, None if mask is None else mask[:, None],
-                                    causal=mask is None)
+                o = self._attention(self._q(h, w, cos, sin), k, v, None if seen is None else seen[:, None],
+                                    causal=seen is None)
                 x = self._out_mlp(x, o, w)
                 continue
-            seen = (torch.arange(T, device=ids.device) <= sel[..., None]) if mask is None else mask[rows, sel]  # [R, U, T]
+            at = (torch.arange(T, device=dev) <= sel[..., None]) if seen is None else seen[rows, sel]   # [R, U, P + T]
             q = self._q(h[rows, sel], w, cos[:, 0][rows, sel][:, None], sin[:, 0][rows, sel][:, None])       # [R, H, U, D]
-            x = self._out_mlp(x[rows, sel], self._attention(q, k, v, seen[:, None]), w)                    # [R, U, H*D]
+            x = self._out_mlp(x[rows, sel], self._attention(q, k, v, at[:, None]), w)                      # [R, U, H*D]
         return F.linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
 
     @torch.inference_mode()

@@ -96,7 +96,9 @@ def logprobs_and_aux(model: torch.nn.Module, batch: TokenBatch,
     return torch.nn.functional.pad(lp, (1, 0)), aux                # [N, L]
 
 
-MIN_SHARED_PREFIX = 8     # shorter shared prefixes are not worth a second forward call
+# shorter common prefixes are not worth running apart (a 1-token head made nano SFT steps ~15% slower:
+# its own small kernels, and an explicit mask where rows were plain causal)
+MIN_SHARED_PREFIX = 8
 
 
 def shared_prefix(batch: TokenBatch) -> int:
@@ -113,16 +115,20 @@ def shared_prefix(batch: TokenBatch) -> int:
 @dataclass
 class PackedRows:
     """A batch packed for the native training forward (engine/llama.LlamaBackend.packed_logits).
-    Rows that share their tokens up to the position that predicts their first trained token (a
-    DPO pair's prompt) become one packed row: the shared prefix once, then each row's rest, each
-    rest seeing the prefix and itself only. Other rows stay as they are. Every row ends at the
-    token that predicts its last trained token (what comes after feeds nothing trained).
+    The first `head` tokens, when every row has them (a system prompt, the chat template's
+    header), run once for the whole batch, every row seeing them. Of the rest, rows that share
+    their tokens up to the position that predicts their first trained token (a DPO pair's
+    prompt) become one packed row: the shared part once, then each row's rest, each rest seeing
+    the shared part and itself only. Other rows stay as they are. Every row ends at the token
+    that predicts its last trained token (what comes after feeds nothing trained).
 
-    ids, pos [R, T] (pos: a token's position in its own row); mask [R, T, T] bool, or None when
-    nothing was shared (plain causal rows); sel [R, U]: the packed positions that predict a
-    trained token (repeated to width U); for each trained token [K]: its batch row and position
-    (row, col) and where its prediction is in sel (at_row, at_u)."""
+    head [P] (P may be 0); ids, pos [R, T] (pos: a token's position in its own sequence, from P);
+    mask [R, T, T] bool over the rows' tokens (the head is seen by all), or None when nothing was
+    shared (plain causal rows); sel [R, U]: the packed positions that predict a trained token
+    (repeated to width U); for each trained token [K]: its batch row and position (row, col) and
+    where its prediction is in sel (at_row, at_u)."""
 
+    head: torch.Tensor
     ids: torch.Tensor
     pos: torch.Tensor
     mask: torch.Tensor | None
@@ -134,15 +140,16 @@ class PackedRows:
 
     def to(self, device: torch.device | str) -> "PackedRows":
         return PackedRows(*(None if t is None else t.to(device) for t in (
-            self.ids, self.pos, self.mask, self.sel, self.row, self.col, self.at_row, self.at_u)))
+            self.head, self.ids, self.pos, self.mask, self.sel, self.row, self.col, self.at_row, self.at_u)))
 
 
-def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
-    """The batch as PackedRows, built on the CPU (its ids are read as lists anyway)."""
+def pack_rows(batch: TokenBatch, pad_id: int = 0, head: int = 0) -> PackedRows:
+    """The batch as PackedRows, its first `head` tokens (common to every row, none of them
+    trained; shared_prefix) run once; built on the CPU (its ids are read as lists anyway)."""
     batch = batch.to("cpu")
-    trained = batch.loss_mask[:, 1:].bool()                               # [N, L-1]: position j predicts j + 1
-    n, length = batch.input_ids.shape
-    ids = batch.input_ids.tolist()
+    trained = batch.loss_mask[:, head + 1:].bool()                        # [N, L-P-1]: position j predicts j + 1
+    n, length = trained.shape[0], trained.shape[1] + 1                    # from here on, positions after the head
+    ids = batch.input_ids[:, head:].tolist()
     some = trained.any(-1)
     first = torch.where(some, trained.float().argmax(-1), 0).tolist()
     # a row's tokens after the one that predicts its last trained token feed nothing trained
@@ -156,31 +163,34 @@ def pack_rows(batch: TokenBatch, pad_id: int = 0) -> PackedRows:
         # a prefix no other row has stays in its row (key: the row alone)
         groups.setdefault(key if count[key] > 1 else (-1, m), []).append(m)
     r, j = trained.nonzero(as_tuple=True)                                 # [K]
+    top = batch.input_ids[0, :head]
     if len(groups) == n:                                                  # nothing shared: the batch as it is
         sel, at_u = _selected(r, j, n)
         width = max(int(ends.max()), 1)
-        return PackedRows(batch.input_ids[:, :width], torch.arange(width).expand(n, width), None, sel, r, j + 1, r, at_u)
-    # shift[m]: batch position t of row m is position t + shift[m] of packed row home[m]
+        return PackedRows(top, batch.input_ids[:, head:head + width], torch.arange(head, head + width).expand(n, width),
+                          None, sel, r, j + 1 + head, r, at_u)
+    # shift[m]: position t (after the head) of row m is position t + shift[m] of packed row home[m]
     tokens, positions, segments, home, shift = [], [], [], [0] * n, [0] * n
     for g, members in enumerate(groups.values()):
         s = first[members[0]] if len(members) > 1 else 0
-        tok, pos, seg = ids[members[0]][:s], list(range(s)), [0] * s
+        tok, pos, seg = ids[members[0]][:s], list(range(head, head + s)), [0] * s
         for k, m in enumerate(members, 1):
             home[m], shift[m] = g, len(tok) - s
-            tok, pos, seg = tok + ids[m][s:lens[m]], pos + list(range(s, lens[m])), seg + [k] * (lens[m] - s)
+            tok = tok + ids[m][s:lens[m]]
+            pos, seg = pos + list(range(head + s, head + lens[m])), seg + [k] * (lens[m] - s)
         tokens.append(tok), positions.append(pos), segments.append(seg)
     width = max(map(len, tokens))
     pad = lambda rows, v: torch.tensor([r + [v] * (width - len(r)) for r in rows], dtype=torch.long)  # noqa: E731
     packed_ids, pos, seg = pad(tokens, pad_id), pad(positions, 0), pad(segments, -1)
     sq, sk = seg[:, :, None], seg[:, None, :]                             # [R, T, 1], [R, 1, T]
-    # a rest sees the prefix (segment 0) and its own earlier tokens; a padding query sees itself,
-    # so no softmax row is empty
+    # a rest sees the shared part (segment 0) and its own earlier tokens; a padding query sees
+    # itself, so no softmax row is empty
     mask = (torch.ones(width, width, dtype=torch.bool).tril() & (sk >= 0) & ((sk == 0) | (sk == sq))) \
         | torch.eye(width, dtype=torch.bool)
     at_row = torch.tensor(home)[r]
     packed_col = j + torch.tensor(shift)[r]
     sel, at_u = _selected(at_row, packed_col, len(groups))
-    return PackedRows(packed_ids, pos, mask, sel, r, j + 1, at_row, at_u)
+    return PackedRows(top, packed_ids, pos, mask, sel, r, j + 1 + head, at_row, at_u)
 
 
 def _selected(row: torch.Tensor, col: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,23 +221,23 @@ class CompletionLogprobs:
 
     def __call__(self, batch: TokenBatch) -> torch.Tensor:
         """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values
-        as token_logprobs with less work, in one of two ways. A Llama-family model without a
-        long prefix common to the whole batch runs the engine's native forward on packed rows
-        (pack_rows: a DPO pair's prompt runs once for both answers; the last layer computes only
-        what the trained tokens read). Otherwise the prefix all rows share runs once (its keys
-        and values repeated for every row, gradients flowing back through them). Both project
-        onto the vocabulary only the positions that predict a trained token. MoE models (router
-        losses and replay over every position) and other models without a shared prefix take
-        the plain path."""
+        as token_logprobs with less work. A Llama-family model runs the engine's native forward
+        on packed rows (pack_rows): a prefix common to the whole batch (a system prompt) once, a
+        DPO pair's prompt once for both answers, no token after a row's last trained one, and a
+        last layer that computes only what the trained tokens read. Other models run a long
+        common prefix once through their own forward (its keys and values repeated for every
+        row, gradients flowing back through them). Both project onto the vocabulary only the
+        positions that predict a trained token. MoE models (router losses and replay over every
+        position) and other models without a long common prefix take the plain path."""
         model = self.model
         n, length = batch.input_ids.shape
         p = shared_prefix(batch)
         if self.moe or (p < MIN_SHARED_PREFIX and self.native is None):
             return token_logprobs(model, batch) * batch.loss_mask
         full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
-        if p < MIN_SHARED_PREFIX:
-            k = pack_rows(batch).to(batch.input_ids.device)
-            logits = self.native.packed_logits(k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
+        if self.native is not None:
+            k = pack_rows(batch, head=p if p >= MIN_SHARED_PREFIX else 0).to(batch.input_ids.device)
+            logits = self.native.packed_logits(k.head, k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
             full[k.row, k.col] = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
             return full * batch.loss_mask
         # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
