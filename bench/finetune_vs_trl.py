@@ -95,22 +95,23 @@ def theirs(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict
 
         peft = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=lora["target_modules"],
                           task_type="CAUSAL_LM")
-    if method == "supervised":
-        from trl import SFTConfig, SFTTrainer
-
-        ds = Dataset.from_list([{"prompt": prompt(p, system),
-                                 "completion": [{"role": "assistant", "content": c}]} for p, c, _ in data])
-        trainer = SFTTrainer(model=model, args=SFTConfig(**common_args), train_dataset=ds, processing_class=tok.hf,
-                             peft_config=peft, callbacks=[Clock()])
-    else:
-        from trl import DPOConfig, DPOTrainer
-
-        ds = Dataset.from_list([{"prompt": prompt(p, system), "chosen": [{"role": "assistant", "content": c}],
-                                 "rejected": [{"role": "assistant", "content": w}]} for p, c, w in data])
-        trainer = DPOTrainer(model=model, args=DPOConfig(**common_args, beta=0.1, precompute_ref_log_probs=True),
-                             train_dataset=ds, processing_class=tok.hf, peft_config=peft, callbacks=[Clock()])
-    # the Trainer prints its summary dict, and DPOTrainer a progress bar of the reference pass
+    # the Trainer prints its summary dict, and DPOTrainer (1.16: when built) a progress bar of the
+    # reference pass
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        if method == "supervised":
+            from trl import SFTConfig, SFTTrainer
+
+            ds = Dataset.from_list([{"prompt": prompt(p, system),
+                                     "completion": [{"role": "assistant", "content": c}]} for p, c, _ in data])
+            trainer = SFTTrainer(model=model, args=SFTConfig(**common_args), train_dataset=ds, processing_class=tok.hf,
+                                 peft_config=peft, callbacks=[Clock()])
+        else:
+            from trl import DPOConfig, DPOTrainer
+
+            ds = Dataset.from_list([{"prompt": prompt(p, system), "chosen": [{"role": "assistant", "content": c}],
+                                     "rejected": [{"role": "assistant", "content": w}]} for p, c, w in data])
+            trainer = DPOTrainer(model=model, args=DPOConfig(**common_args, beta=0.1, precompute_ref_log_probs=True),
+                                 train_dataset=ds, processing_class=tok.hf, peft_config=peft, callbacks=[Clock()])
         trainer.train()
     return ends[-1] - ends[0]
 

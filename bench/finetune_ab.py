@@ -1,0 +1,95 @@
+"""Fine-tuning step speed of this checkout against another commit, in one process, alternating
+the two (on a shared CPU single timings swing 2x from minute to minute; a ratio measured this way
+holds).
+
+    python bench/finetune_ab.py --against HEAD~1 [--repeats 7] [--case SFT DPO ...] [--model nano]
+
+The other commit's `src/gymloop` is unpacked (git archive) into a temporary directory as the
+package `gymloop_ab` (gymloop imports itself relatively), and both run one epoch of the same rows
+through `finetune.methods.train_tokens`, as API jobs do. Prints ms per step (median over repeats,
+steps 2..N) and the speed-up per case, with each repeat's ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import common
+import torch
+
+from finetune_vs_trl import CASES, prompt, rows
+from gymloop.bases.registry import resolve_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def other_package(commit: str) -> object:
+    """The `finetune.methods` module of `commit`, imported as gymloop_ab."""
+    where = Path(tempfile.mkdtemp())
+    blob = subprocess.run(["git", "archive", commit, "src/gymloop"], cwd=ROOT, check=True, capture_output=True).stdout
+    tarfile.open(fileobj=io.BytesIO(blob)).extractall(where, filter="data")
+    (where / "src" / "gymloop").rename(where / "gymloop_ab")
+    sys.path.insert(0, str(where))
+    return importlib.import_module("gymloop_ab.finetune.methods")
+
+
+def step_seconds(methods, model_dir: Path, method: str, system: str | None, data, batch: int) -> tuple[float, int]:
+    """(seconds, steps) from the end of step 1 to the end of the last step of one epoch."""
+    if method == "supervised":
+        r = [{"messages": prompt(p, system) + [{"role": "assistant", "content": c}]} for p, c, _ in data]
+    else:
+        r = [{"input": {"messages": prompt(p, system)}, "preferred_output": [{"role": "assistant", "content": c}],
+              "non_preferred_output": [{"role": "assistant", "content": w}]} for p, c, w in data]
+    marks: list[float] = []
+    hp = methods.Hyper(n_epochs=1, batch_size=batch, learning_rate=1e-3, lora=None)
+    progress = methods.Progress(on_metrics=lambda m: marks.append(time.perf_counter()), on_checkpoint=lambda *a: None,
+                                should_stop=lambda: None, checkpoint_every=10**9)
+    methods.train_tokens(method, methods.JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
+    return marks[-1] - marks[0], len(marks) - 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--against", required=True, help="the commit to compare with (HEAD~1, a sha)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--case", nargs="*", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--model", default="nano", help="a registry name (nano, nano:seed=1, smollm2)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    sides = {args.against: other_package(args.against), "this checkout": importlib.import_module("gymloop.finetune.methods")}
+    model_dir = resolve_model(args.model, progress=False)
+    data = rows(args.steps * args.batch)
+    table = [["case", f"{args.against} ms/step", "this checkout ms/step", "speed-up", "per-repeat ratios"]]
+    out = []
+    for case in args.case:
+        method, system = CASES[case]
+        sec: dict[str, list[float]] = {k: [] for k in sides}
+        for i in range(args.repeats):
+            for k in (list(sides) if i % 2 == 0 else list(sides)[::-1]):     # alternate which runs first
+                s, steps = step_seconds(sides[k], model_dir, method, system, data, args.batch)
+                sec[k].append(s / steps)
+        old, new = (statistics.median(v) for v in sec.values())
+        ratios = [a / b for a, b in zip(*sec.values())]
+        table.append([case, f"{old * 1e3:.2f}", f"{new * 1e3:.2f}", f"{old / new:.3f}x",
+                      " ".join(f"{r:.2f}" for r in ratios)])
+        out.append({"case": case, "against_seconds": sec[args.against], "this_seconds": sec["this checkout"],
+                    "speedup": old / new})
+        print(common.table(table[:1] + table[-1:]), flush=True)
+    print(f"\nfine-tuning step time, this checkout vs {args.against} ({args.model}, batch {args.batch}, "
+          f"{args.steps} steps, median of {args.repeats}, alternating, 1 thread)")
+    print(common.table(table))
+    common.save("finetune_ab", {"args": vars(args), "results": out})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
