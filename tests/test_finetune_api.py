@@ -417,64 +417,120 @@ def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, d
     assert main(["models", "add", "ft:nope", "--db", str(store.path)]) == 2
 
 
-def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_model_dir):
-    """The serving process is killed (SIGKILL) mid-job; a restarted server's worker resumes the
-    job from its newest checkpoint, the job succeeds, and the ledger holds its cost once."""
+def _process(args: list[str], port: int | None = None):
+    """`python -m gymloop.cli ARGS` as a process; with `port`, once its server answers /healthz."""
     import os
-    import signal
     import subprocess
     import sys
 
     import httpx
 
-    from gymloop.serve.background import free_port
+    proc = subprocess.Popen([sys.executable, "-m", "gymloop.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ})
+    end = time.monotonic() + 60
+    while port is not None and time.monotonic() < end:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            assert proc.poll() is None, "the server exited"
+            time.sleep(0.2)
+    if port is not None:
+        raise AssertionError("the server did not start")
+    return proc
+
+
+def _killed_mid_job(client, job_id: str, proc, db) -> int:
+    """SIGKILL `proc` once the job has a checkpoint; the job is still `running` in the store.
+    Returns the newest checkpoint's step."""
+    import signal
+
     from gymloop.store import Store
 
+    end = time.monotonic() + 60
+    while not list(client.fine_tuning.jobs.checkpoints.list(job_id)):      # a checkpoint exists
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    store = Store(db)
+    assert store.get_job(None, job_id)["status"] == "running"
+    return max(c["step"] for c in store.job_checkpoints(job_id)[0])
+
+
+def _resumed_once_and_counted_once(client, job_id: str, file_id: str, db, killed_step: int) -> None:
+    """The job succeeded after resuming once from the checkpoint it was killed after; its file is
+    whole, its cost is one ledger row, and its model is listed."""
+    from gymloop.store import Store
+
+    done = wait(client, job_id, timeout=300)
+    assert done.status == "succeeded", done.error
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job_id, limit=100)]
+    resumed = [m for m in messages if m.startswith("Resumed from the checkpoint at step")]
+    assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) >= killed_step
+    assert client.files.content(file_id).read() == _jsonl(sft_rows(64))             # nothing lost
+    rows = [r for r in Store(db).ledger_rows("fine_tuning") if r["run_id"] == job_id]
+    assert len(rows) == 1 and rows[0]["trained_tokens"] == done.trained_tokens > 0 and rows[0]["dollars"] > 0
+    assert done.fine_tuned_model in [m.id for m in client.models.list()]
+
+
+def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_model_dir):
+    """The serving process is killed (SIGKILL) mid-job; a restarted server's worker resumes the
+    job from its newest checkpoint, the job succeeds, and the ledger holds its cost once."""
+    from gymloop.serve.background import free_port
+
     db, port = tmp_path / "store.db", free_port()
-    cmd = [sys.executable, "-m", "gymloop.cli", "serve", "--model", str(tiny_model_dir), "--model-name", "tiny",
-           "--db", str(db), "--api-key", KEY, "--port", str(port), "--checkpoint-every", "5"]
-
-    def start():
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                return proc
-            except httpx.HTTPError:
-                assert proc.poll() is None, "the server exited"
-                time.sleep(0.2)
-        raise AssertionError("the server did not start")
-
-    proc = start()
+    args = ["serve", "--model", str(tiny_model_dir), "--model-name", "tiny", "--db", str(db), "--api-key", KEY,
+            "--port", str(port), "--checkpoint-every", "5"]
+    proc = _process(args, port)
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
     try:
         f = upload(client, sft_rows(64))
         job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
             "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 40, "batch_size": 2}}})
-        end = time.monotonic() + 60
-        while not list(client.fine_tuning.jobs.checkpoints.list(job.id)):      # a checkpoint exists
-            assert time.monotonic() < end
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        store = Store(db)
-        killed_at = store.get_job(None, job.id)
-        assert killed_at["status"] == "running"
-        client_step = max(c["step"] for c in store.job_checkpoints(job.id)[0])
-        proc = start()
-        done = wait(client, job.id, timeout=300)
-        assert done.status == "succeeded", done.error
-        messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
-        resumed = [m for m in messages if m.startswith("Resumed from the checkpoint at step")]
-        assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) >= client_step
-        assert client.files.content(f.id).read() == _jsonl(sft_rows(64))             # nothing lost
-        rows = [r for r in Store(db).ledger_rows("fine_tuning") if r["run_id"] == job.id]
-        assert len(rows) == 1 and rows[0]["trained_tokens"] == done.trained_tokens > 0 and rows[0]["dollars"] > 0
-        assert done.fine_tuned_model in [m.id for m in client.models.list()]
+        step = _killed_mid_job(client, job.id, proc, db)
+        proc = _process(args, port)
+        _resumed_once_and_counted_once(client, job.id, f.id, db, step)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path, tiny_model_dir):
+    """`gymloop serve --no-job-worker` queues jobs and runs none; a `gymloop worker` process
+    beside it (same model and store) runs them. Killed (SIGKILL) mid-job, its job is taken over
+    by the next worker from the newest checkpoint, succeeds once, and the server serves the model."""
+    import socket
+
+    from gymloop.serve.background import free_port
+    from gymloop.store import Store
+
+    db, port = tmp_path / "store.db", free_port()
+    same = ["--model", str(tiny_model_dir), "--model-name", "tiny", "--db", str(db)]
+    server = _process(["serve", *same, "--api-key", KEY, "--port", str(port), "--no-job-worker"], port)
+    worker = None
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    try:
+        f = upload(client, sft_rows(64))
+        job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 40, "batch_size": 2}}})
+        time.sleep(2)                      # the server's own worker would have claimed it within 0.5 s
+        assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
+        worker = _process(["worker", *same, "--checkpoint-every", "5"])
+        assert wait(client, job.id, statuses=("running", "succeeded", "failed"), timeout=60).status == "running"
+        assert Store(db).get_job(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
+        step = _killed_mid_job(client, job.id, worker, db)
+        worker = _process(["worker", *same, "--checkpoint-every", "5"])
+        _resumed_once_and_counted_once(client, job.id, f.id, db, step)
+        assert Store(db).get_job(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
+        answer = client.chat.completions.create(model=client.fine_tuning.jobs.retrieve(job.id).fine_tuned_model,
+                                                messages=[{"role": "user", "content": "a"}], max_tokens=2)
+        assert answer.choices[0].message.content is not None
+    finally:
+        for proc in (server, worker):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_graders_run_through_the_client(client):

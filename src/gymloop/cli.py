@@ -180,8 +180,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, run
 
     cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
-                      require_auth=not args.no_auth,
-                      fine_tuning=not args.no_fine_tuning, checkpoint_every=args.checkpoint_every,
+                      require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
+                      job_worker=not args.no_job_worker, checkpoint_every=args.checkpoint_every,
                       **({"model_name": args.model_name} if args.model_name else {}),
                       **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
     if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
@@ -195,6 +195,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(cfg.threads)
     print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
     run(cfg, host=args.host, port=args.port)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .serve import ServeConfig, work
+
+    cfg = ServeConfig(model=args.model, db=args.db, checkpoint_every=args.checkpoint_every,
+                      **({"model_name": args.model_name} if args.model_name else {}),
+                      **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads)
+    print(f"running the fine-tuning jobs of {cfg.db} (model {cfg.served_name()}); stop with SIGTERM or Ctrl-C",
+          flush=True)
+    work(cfg)
     return 0
 
 
@@ -378,7 +396,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "beside the store)")
     sv.add_argument("--checkpoint-every", type=int, default=0, help="fine-tuning checkpoint interval in steps "
                     "(0: every epoch)")
+    sv.add_argument("--no-job-worker", action="store_true", help="queue fine-tuning jobs but leave running them to "
+                    "`gymloop worker` processes")
     sv.set_defaults(fn=cmd_serve)
+
+    wk = sub.add_parser("worker", help="run a store's queued fine-tuning jobs, one at a time (beside `gymloop serve "
+                        "--no-job-worker`, with the same --model / --model-name / --db / --jobs-dir)")
+    wk.add_argument("--model", default="nano")
+    wk.add_argument("--model-name", default=None, help="the id the server's clients send for --model")
+    wk.add_argument("--db", default="gymloop.db")
+    wk.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
+                    "beside the store)")
+    wk.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint interval in steps (0: every epoch)")
+    wk.set_defaults(fn=cmd_worker)
 
     rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
     rn.add_argument("config")

@@ -5,7 +5,7 @@ from ..accounting.ledger import token_flops
 from .batcher import Batcher
 from .config import ServeConfig
 
-__all__ = ["Batcher", "ServeConfig", "build", "run", "shutdown"]
+__all__ = ["Batcher", "ServeConfig", "build", "run", "shutdown", "work"]
 
 log = logging.getLogger("gymloop.serve")
 
@@ -33,7 +33,7 @@ def build(cfg: ServeConfig):
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     app = create_app(cfg, store, batcher, tok)
     app.state.serving_ledger = serving      # flush() it to price the last seconds of serving
-    if cfg.fine_tuning:
+    if cfg.fine_tuning and cfg.job_worker:
         from pathlib import Path
 
         from ..finetune.worker import JobWorker
@@ -126,5 +126,24 @@ def run(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     app, _, _ = build(cfg)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        shutdown(app)
+
+
+def work(cfg: ServeConfig) -> None:
+    """`gymloop worker`: run the store's queued fine-tuning jobs, one at a time, until SIGTERM or
+    SIGINT, without an HTTP server. The models, store and graders are those a `gymloop serve` of
+    the same config resolves, so its jobs (started with `job_worker` off) run here as they would in
+    its own thread; a job running when this stops stays `running` and the next worker resumes it."""
+    import signal
+    import threading
+
+    app, _, _ = build(cfg.model_copy(update={"fine_tuning": True, "job_worker": True}))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
     finally:
         shutdown(app)

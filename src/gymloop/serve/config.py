@@ -25,8 +25,9 @@ class ServeConfig(BaseModel):
     threads: int = Field(1, ge=1, description="torch CPU threads (`gymloop serve` sets them for the process).")
     poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
     cost_profile: str = Field("cpu-2vcpu", description="Hardware profile serving is priced on (profiles.yaml).")
-    fine_tuning: bool = Field(True, description="Serve the fine-tuning API (/v1/files, /v1/fine_tuning/jobs) and "
-                              "run its jobs in a worker thread of this server.")
+    fine_tuning: bool = Field(True, description="Serve the fine-tuning API (/v1/files, /v1/fine_tuning/jobs).")
+    job_worker: bool = Field(True, description="Run the store's queued fine-tuning jobs in a worker thread of this "
+                             "server; off: `gymloop worker` processes run them (any number, one job at a time each).")
     jobs_dir: str | None = Field(None, description="Where fine-tuning jobs keep checkpoints and models "
                                  "(default: ft-jobs/ beside the store).")
     trainable_models: list[str] = Field(default_factory=lambda: ["nano", "nano-tools", "nano-moe"],
