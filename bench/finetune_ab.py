@@ -19,13 +19,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import common
 import torch
 
-from finetune_vs_trl import CASES, prompt, rows
+from finetune_vs_trl import CASES, ours, rows
 from gymloop.bases.registry import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,21 +38,6 @@ def other_package(commit: str) -> object:
     (where / "src" / "gymloop").rename(where / "gymloop_ab")
     sys.path.insert(0, str(where))
     return importlib.import_module("gymloop_ab.finetune.methods")
-
-
-def step_seconds(methods, model_dir: Path, method: str, system: str | None, data, batch: int) -> tuple[float, int]:
-    """(seconds, steps) from the end of step 1 to the end of the last step of one epoch."""
-    if method == "supervised":
-        r = [{"messages": prompt(p, system) + [{"role": "assistant", "content": c}]} for p, c, _ in data]
-    else:
-        r = [{"input": {"messages": prompt(p, system)}, "preferred_output": [{"role": "assistant", "content": c}],
-              "non_preferred_output": [{"role": "assistant", "content": w}]} for p, c, w in data]
-    marks: list[float] = []
-    hp = methods.Hyper(n_epochs=1, batch_size=batch, learning_rate=1e-3, lora=None)
-    progress = methods.Progress(on_metrics=lambda m: marks.append(time.perf_counter()), on_checkpoint=lambda *a: None,
-                                should_stop=lambda: None, checkpoint_every=10**9)
-    methods.train_tokens(method, methods.JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
-    return marks[-1] - marks[0], len(marks) - 1
 
 
 def main() -> None:
@@ -76,8 +60,8 @@ def main() -> None:
         sec: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(args.repeats):
             for k in (list(sides) if i % 2 == 0 else list(sides)[::-1]):     # alternate which runs first
-                s, steps = step_seconds(sides[k], model_dir, method, system, data, args.batch)
-                sec[k].append(s / steps)
+                s, _ = ours(method, model_dir, data, args.batch, 1e-3, None, system, methods=sides[k])
+                sec[k].append(s / (args.steps - 1))                      # steps 2..N
         old, new = (statistics.median(v) for v in sec.values())
         ratios = [a / b for a, b in zip(*sec.values())]
         table.append([case, f"{old * 1e3:.2f}", f"{new * 1e3:.2f}", f"{old / new:.3f}x",

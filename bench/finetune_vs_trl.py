@@ -29,7 +29,7 @@ import common
 import torch
 
 from gymloop.bases.registry import resolve_model
-from gymloop.finetune.methods import Hyper, JobRun, Progress, train_tokens
+from gymloop.finetune import methods as fm
 from gymloop.models.checkpoint import load_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -56,8 +56,10 @@ def prompt(p: str, system: str | None) -> list[dict]:
 
 
 def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None,
-         system: str | None = None) -> tuple[float, int]:
-    """(steady seconds, steady tokens) of one epoch through train_tokens."""
+         system: str | None = None, methods=None) -> tuple[float, int]:
+    """(steady seconds, steady tokens) of one epoch through train_tokens (of `methods`, another
+    commit's finetune.methods module in finetune_ab.py; default this checkout's)."""
+    m = methods or fm
     if method == "supervised":
         r = [{"messages": prompt(p, system) + [{"role": "assistant", "content": c}]} for p, c, _ in data]
     else:
@@ -65,10 +67,10 @@ def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict |
               "preferred_output": [{"role": "assistant", "content": c}],
               "non_preferred_output": [{"role": "assistant", "content": w}]} for p, c, w in data]
     marks: list[tuple[float, int]] = []
-    hp = Hyper(n_epochs=1, batch_size=batch, learning_rate=lr, lora=lora)
-    progress = Progress(on_metrics=lambda m: marks.append((time.perf_counter(), m["trained_tokens"])),
-                        on_checkpoint=lambda *a: None, should_stop=lambda: None, checkpoint_every=10**9)
-    train_tokens(method, JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
+    hp = m.Hyper(n_epochs=1, batch_size=batch, learning_rate=lr, lora=lora)
+    progress = m.Progress(on_metrics=lambda x: marks.append((time.perf_counter(), x["trained_tokens"])),
+                          on_checkpoint=lambda *a: None, should_stop=lambda: None, checkpoint_every=10**9)
+    m.train_tokens(method, m.JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
     return marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
 
 

@@ -176,40 +176,41 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 0 if result.error is None else 1
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import ServeConfig, run
-
-    cfg = ServeConfig(model=args.model, db=args.db, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
-                      require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
-                      job_worker=not args.no_job_worker, checkpoint_every=args.checkpoint_every,
-                      **({"model_name": args.model_name} if args.model_name else {}),
-                      **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
-    if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
-        raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
-                         "or --no-auth to serve without keys")
+def _serving_config(args: argparse.Namespace, **fields):
+    """The ServeConfig of `gymloop serve` / `gymloop worker` (the arguments _add_serving_args
+    gives both, and `fields`), with logging and torch's threads set for this process."""
     import logging
 
     import torch
 
+    from .serve import ServeConfig
+
+    cfg = ServeConfig(model=args.model, db=args.db, checkpoint_every=args.checkpoint_every,
+                      **({"model_name": args.model_name} if args.model_name else {}),
+                      **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}), **fields)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(cfg.threads)
+    return cfg
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import run
+
+    cfg = _serving_config(args, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
+                          require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
+                          job_worker=not args.no_job_worker)
+    if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
+        raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
+                         "or --no-auth to serve without keys")
     print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
     run(cfg, host=args.host, port=args.port)
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .serve import ServeConfig, work
+    from .serve import work
 
-    cfg = ServeConfig(model=args.model, db=args.db, checkpoint_every=args.checkpoint_every,
-                      **({"model_name": args.model_name} if args.model_name else {}),
-                      **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}))
-    import logging
-
-    import torch
-
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    torch.set_num_threads(cfg.threads)
+    cfg = _serving_config(args)
     print(f"running the fine-tuning jobs of {cfg.db} (model {cfg.served_name()}); stop with SIGTERM or Ctrl-C",
           flush=True)
     work(cfg)
@@ -381,10 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
 
+    def _add_serving_args(p: argparse.ArgumentParser) -> None:
+        """What `serve` and `worker` share: a worker beside a server takes the same values."""
+        p.add_argument("--model", default="nano")
+        p.add_argument("--model-name", default=None, help="id clients send (default gymloop-<model>)")
+        p.add_argument("--db", default="gymloop.db")
+        p.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
+                       "beside the store)")
+        p.add_argument("--checkpoint-every", type=int, default=0, help="fine-tuning checkpoint interval in steps "
+                       "(0: every epoch)")
+
     sv = sub.add_parser("serve", help="OpenAI-compatible API over a model; every answer is a trace")
-    sv.add_argument("--model", default="nano")
-    sv.add_argument("--model-name", default=None, help="id clients send (default gymloop-<model>)")
-    sv.add_argument("--db", default="gymloop.db")
+    _add_serving_args(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
@@ -392,22 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "production through the gate (repeatable)")
     sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
     sv.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
-    sv.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
-                    "beside the store)")
-    sv.add_argument("--checkpoint-every", type=int, default=0, help="fine-tuning checkpoint interval in steps "
-                    "(0: every epoch)")
     sv.add_argument("--no-job-worker", action="store_true", help="queue fine-tuning jobs but leave running them to "
                     "`gymloop worker` processes")
     sv.set_defaults(fn=cmd_serve)
 
     wk = sub.add_parser("worker", help="run a store's queued fine-tuning jobs, one at a time (beside `gymloop serve "
                         "--no-job-worker`, with the same --model / --model-name / --db / --jobs-dir)")
-    wk.add_argument("--model", default="nano")
-    wk.add_argument("--model-name", default=None, help="the id the server's clients send for --model")
-    wk.add_argument("--db", default="gymloop.db")
-    wk.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "
-                    "beside the store)")
-    wk.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint interval in steps (0: every epoch)")
+    _add_serving_args(wk)
     wk.set_defaults(fn=cmd_worker)
 
     rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
