@@ -18,6 +18,15 @@ def smol():
     return load_model(resolve_model("smollm2"))
 
 
+def test_the_gguf_conversion_draws_no_library_progress_bar(tmp_path, capfd):
+    from gymloop.bases.smollm2 import ensure_smollm2
+
+    path = ensure_smollm2(tmp_path)
+    assert (path / "model.safetensors").exists()
+    err = capfd.readouterr().err
+    assert "GGUF tensors" not in err and "%|" not in err, err[-500:]
+
+
 def test_engine_logprobs_match_full_forward(smol):
     from gymloop.engine import Engine, SamplingParams
     from gymloop.trainer.logprobs import make_batch, token_logprobs

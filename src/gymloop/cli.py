@@ -90,7 +90,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     quiet = args.quiet
     torch.set_num_threads(demo_config().threads)     # the demo's chapters and its servers: 1 thread
     if args.only in (None, "learn"):
-        print("gymloop demo, chapter 1, learn: pre-train nano (cached) -> GRPO on 2-digit addition "
+        print("gymloop demo, chapter 1, learn: pre-train nano (or load it from the cache) -> GRPO on 2-digit addition "
               "-> held-out eval -> serve it to production traffic (openai client) -> report")
         summary = run_demo(demo_config(run_dir=args.run_dir, model=f"nano:seed={args.seed}"), progress=not quiet,
                            requests=args.requests)
