@@ -6,11 +6,8 @@ Hugging Face directory, so every later load is a plain `from_pretrained`.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 from pathlib import Path
-from typing import Iterator
 
 from ..models.cache import default_cache_dir
 
@@ -34,20 +31,6 @@ def available() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _no_gguf_bar() -> Iterator[None]:
-    """Without transformers' "Converting and de-quantizing GGUF tensors" bar, which it draws with
-    tqdm directly (not through its logging switch that quiet_transformers turns off)."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    bar = gguf_utils.tqdm
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
-
-
 def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,7 +48,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
 
     from transformers import AutoConfig
 
-    with quiet_transformers(), _no_gguf_bar():
+    with quiet_transformers():
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model is flagged as quantized and refuses save_pretrained; its weights are
     # already de-quantised float32, so move them into a plain model built from the same config.

@@ -3,6 +3,7 @@ model names resolve in `bases/registry.py`, devices are the engine's (`engine/de
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -16,16 +17,21 @@ from .chat import ChatTokenizer
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """No transformers progress bars ("Loading weights", "Writing model shards") inside: a
-    loop round loads and saves several models, and each bar would be a line of noise. The
-    previous setting is restored on the way out."""
+    """No transformers progress bars ("Loading weights", "Writing model shards", a GGUF file's
+    "Converting and de-quantizing") inside: a loop round loads and saves several models, and
+    each bar would be a line of noise. The previous settings are restored on the way out."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    # the GGUF loader draws its bar with tqdm itself, past the logging switch
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
+        gguf_utils.tqdm = bar
         if was:
             hf_logging.enable_progress_bar()
 
