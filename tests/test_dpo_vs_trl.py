@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:Futu
 datasets = pytest.importorskip("datasets")
 
 from gymloop.algorithms.dpo import DPOLoss, sequence_logps  # noqa: E402
-from gymloop.finetune.methods import _batch, completion_example  # noqa: E402
+from gymloop.finetune.methods import Examples, completion_example  # noqa: E402
 from gymloop.trainer.logprobs import token_logprobs  # noqa: E402
 
 
@@ -42,9 +42,9 @@ def test_dpo_loss_matches_trl_on_the_same_batch(tiny_model_dir, tmp_path, beta):
     trainer.model.eval()
     with torch.no_grad():
         theirs = trainer.compute_loss(trainer.model, next(iter(trainer.get_train_dataloader()))).item()
-        ex = [(completion_example(tok, r["prompt"], r["chosen"], None), completion_example(tok, r["prompt"], r["rejected"], None))
-              for r in data]
-        b = _batch([e[0] for e in ex] + [e[1] for e in ex], tok.pad_token_id)
+        ex = Examples.of([completion_example(tok, r["prompt"], r[side], None) for side in ("chosen", "rejected") for r in data],
+                         tok.pad_token_id)
+        b = ex.batch(range(len(ex)))
         seq = sequence_logps(token_logprobs(trainer.model, b), b.loss_mask)
         ref = sequence_logps(token_logprobs(trainer.ref_model, b), b.loss_mask)
         n = len(data)

@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .gemm import linear
+
 SUPPORTED_TYPES = ("llama", "qwen2")
 
 
@@ -110,7 +112,7 @@ class LlamaBackend:
             kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
             return self._attention(q, kc, vc, attn)
         x = self._norm(self._layers(ids, pos, attend)[:, -1], self.final_norm)
-        return F.linear(x, self.lm_head)                          # [B, V]
+        return linear(x, self.lm_head)                          # [B, V]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
@@ -119,22 +121,22 @@ class LlamaBackend:
         """Normed hidden states h [B, T, H*D] -> rotated queries [B, H, T, D] (cos/sin
         broadcastable to [B, 1, T, D])."""
         B, T, _ = h.shape
-        return self._rotate(F.linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        return self._rotate(linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
 
     def _kv(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h [B, T, H*D] -> rotated keys and values, [B, KV, T, D] each."""
         B, T, _ = h.shape
-        k = F.linear(h, w[3], w[4]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        return self._rotate(k, cos, sin), F.linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        k = linear(h, w[3], w[4]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return self._rotate(k, cos, sin), linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
 
     def _out_mlp(self, x: torch.Tensor, o: torch.Tensor, w: tuple) -> torch.Tensor:
         """The rest of a layer: the attention output o [B, H, T, D] projected onto the residual
         stream x [B, T, H*D], then the MLP's residual. Returns [B, T, H*D]."""
         B, T, _ = x.shape
         wo, n2, wg, wu, wd = w[7:]
-        x = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), wo)
+        x = x + linear(o.transpose(1, 2).reshape(B, T, -1), wo)
         h = self._norm(x, n2)
-        return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        return x + linear(F.silu(linear(h, wg)) * linear(h, wu), wd)
 
     def _attention(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
@@ -191,7 +193,7 @@ class LlamaBackend:
             at = (torch.arange(T, device=dev) <= sel[..., None]) if seen is None else seen[rows, sel]   # [R, U, P + T]
             q = self._q(h[rows, sel], w, cos[:, 0][rows, sel][:, None], sin[:, 0][rows, sel][:, None])       # [R, H, U, D]
             x = self._out_mlp(x[rows, sel], self._attention(q, k, v, at[:, None]), w)                      # [R, U, H*D]
-        return F.linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
+        return linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
 
     @torch.inference_mode()
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

@@ -1,0 +1,121 @@
+"""The native path's float32 matrix products (engine/gemm.py): torch's F.linear (MKL on x86)
+against oneDNN, on the shapes nano's training step and decoding run, and the whole nano SFT
+step with each, in one process.
+
+    python bench/gemm_bench.py [--threads 1] [--rounds 30]
+
+Table 1: median microseconds of one product (hot caches), GFLOP/s, and which one `linear` takes
+on this CPU (`auto`: oneDNN on a non-Intel CPU with AVX-512, above ONEDNN_MIN_MACS). Table 2:
+ms per fine-tuning step of the nano SFT job (finetune_vs_trl's rows, batch 16), the two products
+alternating every 5 steps (`--rounds` times each), so that both see the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import common
+import torch
+import torch.nn.functional as F
+
+from gymloop.engine import gemm
+
+# (M, K, N): x [M, K] @ w [N, K].T, nano's: a batch of 16 x 12 tokens through q/k/v/o and the
+# MLP, 16 x 4 trained positions in the last layer, a decode step at batch 1 / 16 / 64
+SHAPES = [(192, 128, 128, "training: q/k/v/o, 16 x 12 tokens"), (192, 128, 512, "training: gate / up"),
+          (192, 512, 128, "training: down"), (64, 128, 512, "training: last layer's MLP"),
+          (64, 128, 391, "training: vocabulary, 64 positions"), (1, 128, 512, "decode, batch 1"),
+          (16, 128, 512, "decode, batch 16"), (64, 128, 128, "decode, batch 64: q/k/v/o"),
+          (64, 128, 512, "decode, batch 64: gate / up")]
+
+
+def micro(fn, n: int = 300) -> float:
+    for _ in range(30):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def products() -> list[dict]:
+    out = []
+    for m, k, n, what in SHAPES:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        a, b = micro(lambda: F.linear(x, w)), micro(lambda: gemm._onednn(x, w))
+        takes = gemm.cpu_gemm() if m * k * n >= gemm.ONEDNN_MIN_MACS else "aten"
+        out.append({"shape": f"[{m}, {k}] x [{k}, {n}]", "what": what, "aten_us": a, "onednn_us": b,
+                    "aten_gflops": 2 * m * k * n / a / 1e3, "onednn_gflops": 2 * m * k * n / b / 1e3, "takes": takes})
+    return out
+
+
+def sft_steps(rounds: int) -> dict[str, list[float]]:
+    """ms per nano SFT step with each product, alternating every 5 steps in one job's set-up."""
+    from finetune_vs_trl import prompt, rows
+
+    from gymloop.algorithms.sft import sft_loss
+    from gymloop.bases.registry import resolve_model
+    from gymloop.finetune import methods as fm
+    from gymloop.models.checkpoint import load_model
+    from gymloop.trainer.logprobs import CompletionLogprobs
+    from gymloop.trainer.trainer import optimizer_step
+
+    model, tok = load_model(resolve_model("nano", progress=False))
+    data = [{"messages": prompt(p, None) + [{"role": "assistant", "content": c}]} for p, c, _ in rows(16 * 40)]
+    examples = fm._examples("supervised", tok, data)
+    score = CompletionLogprobs(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model.train()
+
+    def step(k: int) -> None:
+        batch = examples.batch(range(16 * k, 16 * k + 16))
+        loss, _ = sft_loss(score(batch), batch.loss_mask)
+        optimizer_step(model, opt, sched, loss, 1.0)
+
+    chosen = gemm.cpu_gemm
+    times: dict[str, list[float]] = {"aten": [], "onednn": []}
+    try:
+        for r in range(rounds + 2):
+            for name in (("aten", "onednn") if r % 2 else ("onednn", "aten")):
+                gemm.cpu_gemm = lambda name=name: name
+                t0 = time.perf_counter()
+                for k in range(5):
+                    step((5 * r + k) % 40)
+                if r >= 2:                                       # the first two rounds warm both up
+                    times[name].append((time.perf_counter() - t0) / 5 * 1e3)
+    finally:
+        gemm.cpu_gemm = chosen
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not torch.backends.mkldnn.is_available():
+        print("this torch has no oneDNN: nothing to compare")
+        return
+    print(f"CPU: {gemm.cpu_vendor() or 'unknown vendor'}, torch capability {torch.backends.cpu.get_cpu_capability()}; "
+          f"auto picks {gemm.auto_gemm(gemm.cpu_vendor(), torch.backends.cpu.get_cpu_capability())}")
+    prods = products()
+    t = [["product", "what", "aten us", "oneDNN us", "aten GFLOP/s", "oneDNN GFLOP/s", "linear takes"]]
+    t += [[p["shape"], p["what"], f"{p['aten_us']:.1f}", f"{p['onednn_us']:.1f}", f"{p['aten_gflops']:.0f}",
+           f"{p['onednn_gflops']:.0f}", p["takes"]] for p in prods]
+    print(common.table(t), flush=True)
+    steps = sft_steps(args.rounds)
+    a, b = statistics.median(steps["aten"]), statistics.median(steps["onednn"])
+    print(f"\nnano SFT step (batch 16), products alternating every 5 steps, median of {args.rounds} rounds")
+    print(common.table([["product", "ms / step"], ["aten", f"{a:.2f}"], ["oneDNN", f"{b:.2f}"],
+                        ["speed-up", f"{a / b:.2f}x"]]))
+    common.save("gemm_bench", {"args": vars(args), "products": prods, "sft_step_ms": steps, "speedup": a / b})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

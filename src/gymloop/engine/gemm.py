@@ -1,0 +1,115 @@
+"""The matrix products of the native Llama path (engine/llama.py): generation, and training's
+forward and backward (trainer/logprobs.CompletionLogprobs).
+
+On a CPU, torch's float32 `F.linear` calls MKL, which picks its kernels by CPU vendor: on AMD
+processors with AVX-512 (Zen 4 and 5) it runs its AVX2 kernels, half of what the core does.
+oneDNN, also inside torch, runs AVX-512 kernels there, the same float32 arithmetic (strict, no
+reduced precision). Measured on an AMD EPYC Zen 5, one thread (bench/gemm_bench.py): a
+[192, 128] x [128, 512] product 103 GFLOP/s through MKL, 211 through oneDNN; limited to AVX2,
+oneDNN is no faster than MKL, and on Intel CPUs MKL has its AVX-512 kernels. So `auto` is
+oneDNN on a non-Intel CPU where torch runs AVX-512 code, torch's own product elsewhere (and on
+every GPU, and for every dtype but float32). A oneDNN call costs ~18 us before any arithmetic
+(MKL ~4): below ONEDNN_MIN_MACS multiply-adds (a decode step's [B, 128] x [128, 128] at batch
+< ~100, every batch-1 product) MKL is faster on the same CPU, so those stay with torch's product.
+
+`GYMLOOP_CPU_GEMM=aten|onednn|auto` chooses for a process (read at the first product).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..algorithms.table import Table
+
+ENV = "GYMLOOP_CPU_GEMM"
+# the smallest product (M x N x K multiply-adds) worth a oneDNN call: measured on the AMD EPYC,
+# [M, 128] x [128, 512] is faster through MKL up to M ~ 24, [M, 128] x [128, 128] up to M ~ 96
+ONEDNN_MIN_MACS = 1 << 21
+
+
+def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ w[out, in].T (+ b [out]) -> [..., out] by oneDNN; x and w may be strided views."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """F.linear's forward and backward, each product by oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _onednn(x, w, b)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        x, w = ctx.saved_tensors                                           # [..., in], [out, in]
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _onednn(g, w.t())                                         # [..., out] @ [out, in] -> [..., in]
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            g2 = g.reshape(-1, g.shape[-1])                                # [M, out]
+            if ctx.needs_input_grad[1]:
+                gw = _onednn(g2.t(), x.reshape(-1, x.shape[-1]).t())      # [out, M] @ [M, in] -> [out, in]
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear through oneDNN (float32 CPU tensors), with autograd when an input needs it."""
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return _OneDNNLinear.apply(x, w, b)
+    return _onednn(x, w, b)
+
+
+# name -> the product for float32 CPU tensors
+GEMMS: Table[Callable[..., torch.Tensor]] = Table("CPU matrix product", {
+    "aten": (F.linear, "torch's F.linear (MKL on x86)"),
+    "onednn": (onednn_linear, "oneDNN, forward and backward (AVX-512 on AMD CPUs, where MKL runs AVX2)"),
+})
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id ("GenuineIntel", "AuthenticAMD", ...; "" where /proc/cpuinfo has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def auto_gemm(vendor: str, capability: str) -> str:
+    """The product `auto` picks for a CPU vendor and torch's CPU capability ("AVX512", "AVX2",
+    ...): oneDNN where MKL would not use the AVX-512 the CPU has."""
+    return "onednn" if capability.startswith("AVX512") and vendor != "GenuineIntel" else "aten"
+
+
+@functools.cache
+def cpu_gemm() -> str:
+    """The name of this process's float32 CPU product (GYMLOOP_CPU_GEMM, default auto)."""
+    name = os.environ.get(ENV, "auto")
+    if name == "auto":
+        name = auto_gemm(cpu_vendor(), torch.backends.cpu.get_cpu_capability())
+    GEMMS.impl(name)                                                       # a clear error for a bad name
+    if name == "onednn" and not torch.backends.mkldnn.is_available():
+        raise ValueError(f"{ENV}=onednn, but this torch build has no oneDNN")
+    return name
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in], w [out, in], b [out] or None -> [..., out]: F.linear, by this process's
+    CPU product for float32 CPU tensors of at least ONEDNN_MIN_MACS multiply-adds (the
+    backward's two products have as many as the forward's)."""
+    if x.dtype is torch.float32 and x.device.type == "cpu" and w.dtype is torch.float32 \
+            and x.numel() * w.shape[0] >= ONEDNN_MIN_MACS:
+        return GEMMS.impl(cpu_gemm())(x, w, b)
+    return F.linear(x, w, b)
