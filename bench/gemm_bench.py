@@ -31,22 +31,11 @@ SHAPES = [(192, 128, 128, "training: q/k/v/o, 16 x 12 tokens"), (192, 128, 512, 
           (64, 128, 512, "decode, batch 64: gate / up")]
 
 
-def micro(fn, n: int = 300) -> float:
-    for _ in range(30):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 def products() -> list[dict]:
     out = []
     for m, k, n, what in SHAPES:
         x, w = torch.randn(m, k), torch.randn(n, k)
-        a, b = micro(lambda: F.linear(x, w)), micro(lambda: gemm._onednn(x, w))
+        a, b = (common.median_time(f, repeats=300, warmup=30) * 1e6 for f in (lambda: F.linear(x, w), lambda: gemm._onednn(x, w)))
         takes = gemm.cpu_gemm() if m * k * n >= gemm.ONEDNN_MIN_MACS else "aten"
         out.append({"shape": f"[{m}, {k}] x [{k}, {n}]", "what": what, "aten_us": a, "onednn_us": b,
                     "aten_gflops": 2 * m * k * n / a / 1e3, "onednn_gflops": 2 * m * k * n / b / 1e3, "takes": takes})
