@@ -101,3 +101,33 @@ def test_the_native_training_forward_is_the_plain_one_with_either_product(tok, m
     assert torch.allclose(plain, fast, atol=1e-5)
     for g1, g2 in zip(grads(model, plain.sum()), grads(model, fast.sum())):
         assert torch.allclose(g1, g2, atol=1e-5)
+
+
+@needs_onednn
+def test_routed_linears_compute_what_the_model_did_and_pickle(tok, monkeypatch):
+    """route_linears gives a transformers model's nn.Linear layers gemm.linear as their product:
+    the same log-probs and gradients, the same state dict, a model that still pickles (Ray ships
+    models to actors); and nothing changes where torch's product is this process's."""
+    import pickle
+
+    from gymloop.trainer.logprobs import make_batch
+
+    model = tiny_llama(tok.vocab_size, seed=2)
+    monkeypatch.setattr(gemm, "cpu_gemm", lambda: "aten")
+    assert gemm.route_linears(model) == 0 and not any(isinstance(m, gemm.RoutedLinear) for m in model.modules())
+    ids, mask = tok.sft_ids([{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}])
+    b = make_batch([ids, ids[:-1]], [mask, mask[:-1]], None, tok.pad_token_id)
+    before = token_logprobs(model, b)
+    g_before = grads(model, (before * b.loss_mask).sum())
+    monkeypatch.setattr(gemm, "cpu_gemm", lambda: "onednn")
+    monkeypatch.setattr(gemm, "ONEDNN_MIN_MACS", 0)
+    calls = []
+    real = gemm._onednn
+    monkeypatch.setattr(gemm, "_onednn", lambda *a: calls.append(1) or real(*a))
+    n = gemm.route_linears(model)
+    assert n == sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear)) > 0
+    after = token_logprobs(model, b)
+    assert calls and torch.allclose(before, after, atol=1e-5)
+    for g1, g2 in zip(g_before, grads(model, (after * b.loss_mask).sum())):
+        assert torch.allclose(g1, g2, atol=1e-5)
+    assert type(pickle.loads(pickle.dumps(model)).model.layers[0].mlp.up_proj) is gemm.RoutedLinear

@@ -23,6 +23,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ..algorithms.dpo import DPOLoss, sequence_logps
 from ..algorithms.sft import sft_loss
 from ..algorithms.table import Table
+from ..engine.gemm import route_linears
 from ..models.chat import ChatTokenizer
 from ..models.checkpoint import load_model, save_model
 from ..models.parameters import count_parameters
@@ -234,6 +235,7 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
     model, tok = load_model(run.start_model if (hp.lora or not run.resume) else run.resume)
     if hp.lora:
         model = lora.wrap(model, hp.lora, run.resume / lora.ADAPTER_DIR if run.resume else None)
+    route_linears(model)                        # models that run their own forward (LoRA, MoE): engine/gemm.py
     score = CompletionLogprobs(model)
     examples = _examples(method, tok, run.rows)
     valid = _examples(method, tok, run.valid_rows) if method == "supervised" and run.valid_rows else None

@@ -19,6 +19,7 @@ import torch
 from . import sharding
 from ..algorithms.aggregation import AGGREGATIONS
 from ..algorithms.losses import PolicyLoss
+from ..engine.gemm import route_linears
 from .logprobs import TokenBatch, logprobs_and_aux, make_batch, token_logprobs
 from ..rollout.episodes import Rollout
 
@@ -123,6 +124,7 @@ class Trainer:
                  betas: tuple[float, float] = (0.9, 0.99), decay_steps: int | None = None,
                  min_lr_ratio: float = 0.1, train_only: Sequence[str] = ()) -> None:
         self.model = model
+        route_linears(model)                    # its products through oneDNN where MKL runs AVX2 (engine/gemm.py)
         params = trainable_parameters(model, train_only)
         self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -136,6 +138,7 @@ class Trainer:
         # copied, so its ranks pass a reference they built and sharded themselves.
         if isinstance(ref_model, torch.nn.Module):
             self.ref = ref_model.eval().requires_grad_(False)
+            route_linears(self.ref)
         else:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False) if ref_model else None
 
