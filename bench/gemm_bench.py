@@ -1,13 +1,15 @@
-"""The native path's float32 matrix products (engine/gemm.py): torch's F.linear (MKL on x86)
-against oneDNN, on the shapes nano's training step and decoding run, and the whole nano SFT
-step with each, in one process.
+"""The float32 matrix products of engine/gemm.py: torch's F.linear (MKL on x86) against oneDNN,
+on the shapes nano's training step and decoding run; the whole nano SFT step (the native path)
+and the GRPO trainer's step (transformers' forward, its layers routed) with each, in one process.
 
     python bench/gemm_bench.py [--threads 1] [--rounds 30]
 
 Table 1: median microseconds of one product (hot caches), GFLOP/s, and which one `linear` takes
 on this CPU (`auto`: oneDNN on a non-Intel CPU with AVX-512, above ONEDNN_MIN_MACS). Table 2:
 ms per fine-tuning step of the nano SFT job (finetune_vs_trl's rows, batch 16), the two products
-alternating every 5 steps (`--rounds` times each), so that both see the same machine.
+alternating every 5 steps (`--rounds` times each), so that both see the same machine. Table 3:
+the GRPO trainer's step on 32 prompts x 8 rollouts, its nn.Linear layers routed
+(`route_linears`) or plain, alternating every 3 steps.
 """
 from __future__ import annotations
 
@@ -82,6 +84,37 @@ def sft_steps(rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def grpo_steps(rounds: int) -> dict[str, list[float]]:
+    """ms per GRPO trainer step on one rollout batch, the model's layers routed or plain."""
+    from gymloop.algorithms import PolicyLoss, advantages_for
+    from gymloop.bases.registry import resolve_model
+    from gymloop.engine import Engine, SamplingParams
+    from gymloop.envs import ArithEnv
+    from gymloop.models.checkpoint import load_model
+    from gymloop.rollout.episodes import collect
+    from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+
+    model, tok = load_model(resolve_model("nano", progress=False))
+    env = ArithEnv()
+    rolls, _ = collect(Engine(model, tok.pad_token_id), tok, env, env.sample_tasks(32, "train", 0), 8,
+                       SamplingParams(max_new_tokens=6, seed=0))
+    adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=False)
+    batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
+    trainer = Trainer(model, lr=1e-9)                 # routes the layers where oneDNN is this CPU's product
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    times: dict[str, list[float]] = {"aten": [], "onednn": []}
+    for r in range(rounds + 2):
+        for name in (("aten", "onednn") if r % 2 else ("onednn", "aten")):
+            for m in layers:
+                m.__class__ = gemm.RoutedLinear if name == "onednn" else torch.nn.Linear
+            t0 = time.perf_counter()
+            for _ in range(3):
+                trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0)
+            if r >= 2:
+                times[name].append((time.perf_counter() - t0) / 3 * 1e3)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
@@ -103,7 +136,13 @@ def main() -> None:
     print(f"\nnano SFT step (batch 16), products alternating every 5 steps, median of {args.rounds} rounds")
     print(common.table([["product", "ms / step"], ["aten", f"{a:.2f}"], ["oneDNN", f"{b:.2f}"],
                         ["speed-up", f"{a / b:.2f}x"]]))
-    common.save("gemm_bench", {"args": vars(args), "products": prods, "sft_step_ms": steps, "speedup": a / b})
+    grpo = grpo_steps(max(4, args.rounds // 2))
+    c, d = statistics.median(grpo["aten"]), statistics.median(grpo["onednn"])
+    print("\nGRPO trainer step (32 prompts x 8, transformers' forward), layers plain (aten) or routed (oneDNN)")
+    print(common.table([["product", "ms / step"], ["aten", f"{c:.1f}"], ["oneDNN", f"{d:.1f}"],
+                        ["speed-up", f"{c / d:.2f}x"]]))
+    common.save("gemm_bench", {"args": vars(args), "products": prods, "sft_step_ms": steps, "speedup": a / b,
+                               "grpo_step_ms": grpo, "grpo_speedup": c / d})
 
 
 if __name__ == "__main__":
