@@ -9,7 +9,7 @@ on this CPU (`auto`: oneDNN on a non-Intel CPU with AVX-512, above ONEDNN_MIN_MA
 ms per fine-tuning step of the nano SFT job (finetune_vs_trl's rows, batch 16), the two products
 alternating every 5 steps (`--rounds` times each), so that both see the same machine. Table 3:
 the GRPO trainer's step on 32 prompts x 8 rollouts, its nn.Linear layers routed
-(`route_linears`) or plain, alternating every 3 steps.
+(`route_linears`, with oneDNN as the product) or plain, alternating every 3 steps.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Callable
 
 import common
 import torch
@@ -44,6 +45,39 @@ def products() -> list[dict]:
     return out
 
 
+def alternate(step: Callable[[int], object], rounds: int, per_round: int,
+              switch: Callable[[str], None] = lambda name: None) -> dict[str, list[float]]:
+    """ms per `step(i)` with each product ("aten", "onednn"), `per_round` steps of one then of the
+    other, the order flipped every round, the first two rounds (warm-up) not kept. `switch(name)`
+    makes any further change a side needs; this process's product is restored after."""
+    chosen = gemm.cpu_gemm
+    times: dict[str, list[float]] = {"aten": [], "onednn": []}
+    i = 0
+    try:
+        for r in range(rounds + 2):
+            for name in (("aten", "onednn") if r % 2 else ("onednn", "aten")):
+                gemm.cpu_gemm = lambda name=name: name
+                switch(name)
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    step(i)
+                    i += 1
+                if r >= 2:
+                    times[name].append((time.perf_counter() - t0) / per_round * 1e3)
+    finally:
+        gemm.cpu_gemm = chosen
+    return times
+
+
+def report(title: str, times: dict[str, list[float]]) -> float:
+    """Print the medians of `alternate`'s times and the speed-up; returns it."""
+    a, b = statistics.median(times["aten"]), statistics.median(times["onednn"])
+    print(f"\n{title}")
+    print(common.table([["product", "ms / step"], ["aten", f"{a:.2f}"], ["oneDNN", f"{b:.2f}"],
+                        ["speed-up", f"{a / b:.2f}x"]]))
+    return a / b
+
+
 def sft_steps(rounds: int) -> dict[str, list[float]]:
     """ms per nano SFT step with each product, alternating every 5 steps in one job's set-up."""
     from finetune_vs_trl import prompt, rows
@@ -68,20 +102,7 @@ def sft_steps(rounds: int) -> dict[str, list[float]]:
         loss, _ = sft_loss(score(batch), batch.loss_mask)
         optimizer_step(model, opt, sched, loss, 1.0)
 
-    chosen = gemm.cpu_gemm
-    times: dict[str, list[float]] = {"aten": [], "onednn": []}
-    try:
-        for r in range(rounds + 2):
-            for name in (("aten", "onednn") if r % 2 else ("onednn", "aten")):
-                gemm.cpu_gemm = lambda name=name: name
-                t0 = time.perf_counter()
-                for k in range(5):
-                    step((5 * r + k) % 40)
-                if r >= 2:                                       # the first two rounds warm both up
-                    times[name].append((time.perf_counter() - t0) / 5 * 1e3)
-    finally:
-        gemm.cpu_gemm = chosen
-    return times
+    return alternate(lambda i: step(i % 40), rounds, per_round=5)
 
 
 def grpo_steps(rounds: int) -> dict[str, list[float]]:
@@ -102,17 +123,13 @@ def grpo_steps(rounds: int) -> dict[str, list[float]]:
     batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)
     trainer = Trainer(model, lr=1e-9)                 # routes the layers where oneDNN is this CPU's product
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    times: dict[str, list[float]] = {"aten": [], "onednn": []}
-    for r in range(rounds + 2):
-        for name in (("aten", "onednn") if r % 2 else ("onednn", "aten")):
-            for m in layers:
-                m.__class__ = gemm.RoutedLinear if name == "onednn" else torch.nn.Linear
-            t0 = time.perf_counter()
-            for _ in range(3):
-                trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0)
-            if r >= 2:
-                times[name].append((time.perf_counter() - t0) / 3 * 1e3)
-    return times
+
+    def switch(name: str) -> None:
+        for m in layers:
+            m.__class__ = gemm.RoutedLinear if name == "onednn" else torch.nn.Linear
+
+    return alternate(lambda i: trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0), rounds,
+                     per_round=3, switch=switch)
 
 
 def main() -> None:
@@ -132,17 +149,12 @@ def main() -> None:
            f"{p['onednn_gflops']:.0f}", p["takes"]] for p in prods]
     print(common.table(t), flush=True)
     steps = sft_steps(args.rounds)
-    a, b = statistics.median(steps["aten"]), statistics.median(steps["onednn"])
-    print(f"\nnano SFT step (batch 16), products alternating every 5 steps, median of {args.rounds} rounds")
-    print(common.table([["product", "ms / step"], ["aten", f"{a:.2f}"], ["oneDNN", f"{b:.2f}"],
-                        ["speed-up", f"{a / b:.2f}x"]]))
+    sft = report(f"nano SFT step (batch 16), products alternating every 5 steps, median of {args.rounds} rounds", steps)
     grpo = grpo_steps(max(4, args.rounds // 2))
-    c, d = statistics.median(grpo["aten"]), statistics.median(grpo["onednn"])
-    print("\nGRPO trainer step (32 prompts x 8, transformers' forward), layers plain (aten) or routed (oneDNN)")
-    print(common.table([["product", "ms / step"], ["aten", f"{c:.1f}"], ["oneDNN", f"{d:.1f}"],
-                        ["speed-up", f"{c / d:.2f}x"]]))
-    common.save("gemm_bench", {"args": vars(args), "products": prods, "sft_step_ms": steps, "speedup": a / b,
-                               "grpo_step_ms": grpo, "grpo_speedup": c / d})
+    grpo_up = report("GRPO trainer step (32 prompts x 8, transformers' forward), layers plain (aten) or routed (oneDNN)",
+                     grpo)
+    common.save("gemm_bench", {"args": vars(args), "products": prods, "sft_step_ms": steps, "speedup": sft,
+                               "grpo_step_ms": grpo, "grpo_speedup": grpo_up})
 
 
 if __name__ == "__main__":

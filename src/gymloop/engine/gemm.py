@@ -1,5 +1,6 @@
-"""The matrix products of the native Llama path (engine/llama.py): generation, and training's
-forward and backward (trainer/logprobs.CompletionLogprobs).
+"""Float32 matrix products on the CPU, forward and backward: those of the native Llama path
+(engine/llama.py: generation, and fine-tuning's packed forward) and, through `route_linears`,
+of the transformers models the trainers train (trainer/trainer.Trainer, finetune/methods.py).
 
 On a CPU, torch's float32 `F.linear` calls MKL, which picks its kernels by CPU vendor: on AMD
 processors with AVX-512 (Zen 4 and 5) it runs its AVX2 kernels, half of what the core does.
