@@ -115,6 +115,29 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert cos[8] == pytest.approx(0.55)                               # half way: the mean of 1 and 0.1
 
 
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3])         # clipping every step, and never
+def test_a_fused_optimizer_clips_inside_its_step_as_clip_grad_norm_does(tok, max_norm):
+    """optimizer_step folds clipping into a fused AdamW's update (its grad_scale): the same
+    parameters and gradient norms as clip_grad_norm_ then the unfused AdamW, step after step."""
+    from gymloop.trainer.trainer import optimizer_step
+
+    runs = []
+    for fused in (False, True):
+        model = tiny_llama(tok.vocab_size, seed=2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        ids = torch.randint(3, tok.vocab_size, (4, 9), generator=torch.Generator().manual_seed(0))
+        norms = [float(optimizer_step(model, opt, sched, model(input_ids=ids, labels=ids).loss, max_norm))
+                 for _ in range(4)]
+        assert not hasattr(opt, "grad_scale")                          # nothing left on the optimizer
+        runs.append((norms, [p.detach().clone() for p in model.parameters()]))
+    (n1, p1), (n2, p2) = runs
+    assert n1 == pytest.approx(n2, rel=1e-4)
+    assert (min(n1) > max_norm) == (max_norm < 1)
+    for a, b in zip(p1, p2):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.yaml")

@@ -1,5 +1,6 @@
 """Float32 matrix products on the CPU, forward and backward: those of the native Llama path
-(engine/llama.py: generation, and fine-tuning's packed forward) and, through `route_linears`,
+(engine/llama.py: generation; engine/layer.py: fine-tuning's layers, `linear` for the inputs'
+gradients too and `weight_grad` for the weights') and, through `route_linears`,
 of the transformers models the trainers train (trainer/trainer.Trainer, finetune/methods.py).
 
 On a CPU, torch's float32 `F.linear` calls MKL, which picks its kernels by CPU vendor: on AMD
@@ -55,12 +56,10 @@ class _OneDNNLinear(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = _onednn(g, w.t())                                         # [..., out] @ [out, in] -> [..., in]
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            g2 = g.reshape(-1, g.shape[-1])                                # [M, out]
-            if ctx.needs_input_grad[1]:
-                gw = _onednn(g2.t(), x.reshape(-1, x.shape[-1]).t())      # [out, M] @ [M, in] -> [out, in]
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                gb = g2.sum(0)
+        if ctx.needs_input_grad[1]:
+            gw = weight_grad(g, x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.reshape(-1, g.shape[-1]).sum(0)
         return gx, gw, gb
 
 
@@ -116,6 +115,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
             and x.numel() * w.shape[0] >= ONEDNN_MIN_MACS:
         return GEMMS.impl(cpu_gemm())(x, w, b)
     return F.linear(x, w, b)
+
+
+def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The weight's gradient of y = linear(x, w): g [..., out] (y's gradient), x [..., in] ->
+    [out, in] = g.T @ x over all leading positions, by the same product `linear` picks."""
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])       # [M, out], [M, in]
+    if g.dtype is torch.float32 and g.device.type == "cpu" and x.dtype is torch.float32 \
+            and g2.numel() * x2.shape[1] >= ONEDNN_MIN_MACS and cpu_gemm() == "onednn":
+        return _onednn(g2.t(), x2.t())                                     # [out, M] @ [M, in]
+    return g2.t() @ x2
 
 
 class RoutedLinear(torch.nn.Linear):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .gemm import linear
+from .layer import Shape, additive_mask, decoder_layer, rope
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -88,15 +89,9 @@ class LlamaBackend:
         if self._cos.shape[0] >= n and self._cos.device == self.device:
             return
         n = max(n, 2 * self._cos.shape[0], 64)
-        f = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq  # [n, D/2]
-        f = torch.cat([f, f], -1).to(self.device)                           # [n, D]
-        self._cos, self._sin = f.cos(), f.sin()
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x [B, h, T, D]; cos/sin [B, 1, T, D]
-        half = self.head_dim // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return x * cos + torch.cat((-x2, x1), -1) * sin
+        f = (torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq).to(self.device)   # [n, D/2]
+        # sin with the first half negated: what rope (engine/layer.py) multiplies the rolled x by
+        self._cos, self._sin = torch.cat([f.cos(), f.cos()], -1), torch.cat([-f.sin(), f.sin()], -1)   # [n, D]
 
     # --- forward ----------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, t0: int) -> torch.Tensor:
@@ -121,13 +116,13 @@ class LlamaBackend:
         """Normed hidden states h [B, T, H*D] -> rotated queries [B, H, T, D] (cos/sin
         broadcastable to [B, 1, T, D])."""
         B, T, _ = h.shape
-        return self._rotate(linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        return rope(linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
 
     def _kv(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h [B, T, H*D] -> rotated keys and values, [B, KV, T, D] each."""
         B, T, _ = h.shape
         k = linear(h, w[3], w[4]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        return self._rotate(k, cos, sin), linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return rope(k, cos, sin), linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
 
     def _out_mlp(self, x: torch.Tensor, o: torch.Tensor, w: tuple) -> torch.Tensor:
         """The rest of a layer: the attention output o [B, H, T, D] projected onto the residual
@@ -156,7 +151,8 @@ class LlamaBackend:
 
     def packed_logits(self, head: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                       sel: torch.Tensor) -> torch.Tensor:
-        """Training's forward, with autograd, on packed rows (trainer/logprobs.pack_rows): head [P]
+        """Training's forward on packed rows (trainer/logprobs.pack_rows), each layer a DecoderLayer
+        (engine/layer.py: its backward written out; the head's own layers by autograd): head [P]
         the tokens every row starts with (positions 0..P-1; P may be 0), run once, their keys and
         values every row's first P; ids and pos [R, T] the rows' own tokens (pos: each token's
         position in its own sequence), mask [R, T, T] bool (which of the rows' keys each query
@@ -176,23 +172,20 @@ class LlamaBackend:
             xh = F.embedding(head, self.embed)[None]                               # [1, P, H*D]
             ch, sh = self._cos[:P].to(dtype)[None, None], self._sin[:P].to(dtype)[None, None]   # [1, 1, P, D]
         last = len(self.layers) - 1
+        shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps)
+        every = None if seen is None else additive_mask(seen[:, None], dtype)                 # [R, 1, T, P + T]
+        at = (torch.arange(T, device=dev) <= sel[..., None]) if seen is None else seen[rows, sel]   # [R, U, P + T]
         for i, w in enumerate(self.layers):
-            h = self._norm(x, w[0])
-            k, v = self._kv(h, w, cos, sin)                                        # [R, KV, T, D]
-            if P:
-                hh = self._norm(xh, w[0])
-                kh, vh = self._kv(hh, w, ch, sh)                                   # [1, KV, P, D]
-                k, v = torch.cat((kh.expand(R, -1, -1, -1), k), 2), torch.cat((vh.expand(R, -1, -1, -1), v), 2)
+            kv = None
+            if P:                                                                  # the prefix's keys, values and
+                hh = self._norm(xh, w[0])                                          # own layer (one row)
+                kv = self._kv(hh, w, ch, sh)                                       # [1, KV, P, D] each
                 if i < last:                                                       # the last layer reads only its keys
-                    xh = self._out_mlp(xh, self._attention(self._q(hh, w, ch, sh), kh, vh, causal=True), w)
+                    xh = self._out_mlp(xh, self._attention(self._q(hh, w, ch, sh), *kv, causal=True), w)
             if i < last:
-                o = self._attention(self._q(h, w, cos, sin), k, v, None if seen is None else seen[:, None],
-                                    causal=seen is None)
-                x = self._out_mlp(x, o, w)
-                continue
-            at = (torch.arange(T, device=dev) <= sel[..., None]) if seen is None else seen[rows, sel]   # [R, U, P + T]
-            q = self._q(h[rows, sel], w, cos[:, 0][rows, sel][:, None], sin[:, 0][rows, sel][:, None])       # [R, H, U, D]
-            x = self._out_mlp(x[rows, sel], self._attention(q, k, v, at[:, None]), w)                      # [R, U, H*D]
+                x = decoder_layer(x, cos, sin, every, None, kv, shape, w)         # [R, T, H*D]
+            else:
+                x = decoder_layer(x, cos, sin, additive_mask(at[:, None], dtype), sel, kv, shape, w)   # [R, U, H*D]
         return linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ Any method trains LoRA adapters instead of every weight with hyperparameters.lor
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -273,6 +274,11 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
         model.eval()
         return {"status": status, "step": step, "trained_tokens": tokens, "seconds": state()["seconds"]}
 
+    @functools.lru_cache(maxsize=1)
+    def epoch_order(epoch: int) -> torch.Tensor:
+        """The examples in this epoch's order (seeded: a resumed job draws the same)."""
+        return torch.randperm(n, generator=torch.Generator().manual_seed(run.seed * 1000 + epoch))
+
     while step < total:
         stop = progress.should_stop()
         if stop is not None:
@@ -280,8 +286,7 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
                 progress.on_checkpoint(step, {"step": step}, write)
             return result(stop)
         epoch, k = divmod(step, steps_per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(run.seed * 1000 + epoch))
-        idx = order[k * hp.batch_size:(k + 1) * hp.batch_size]
+        idx = epoch_order(epoch)[k * hp.batch_size:(k + 1) * hp.batch_size]
         if method == "supervised":
             batch = examples.batch(idx)
             logp, aux = _logprobs(score, batch)

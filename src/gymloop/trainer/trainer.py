@@ -87,13 +87,29 @@ def lr_factor(step: int, *, warmup_steps: int, decay_steps: int | None, min_rati
 def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor,
                    max_grad_norm: float, reduce=None) -> torch.Tensor:
     """One update: backward, `reduce(model)` (data parallel: sum gradients across ranks), clip
-    to `max_grad_norm`, step the optimizer and the schedule. Returns the gradient norm."""
+    to `max_grad_norm`, step the optimizer and the schedule. Returns the gradient norm.
+
+    A fused Adam(W) (torch's one-kernel update, what fine-tuning jobs use) divides the gradients
+    by its `grad_scale` as it reads them, the hook torch's GradScaler uses: clipping goes there
+    instead of a pass of its own over every gradient (clip_grad_norm_'s multiply; ~2% of a nano
+    SFT step). Same update up to rounding (g / (norm / max) instead of g * (max / norm))."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if reduce is not None:
         reduce(model)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    opt.step()
+    if opt.defaults.get("fused"):
+        # the optimizer's own list: walking the model's modules for its parameters costs more than the norm
+        grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        # clip_grad_norm_'s factor max / (norm + 1e-6), capped at 1, as a divisor
+        opt.grad_scale = ((norm + 1e-6) / max_grad_norm).clamp(min=1.0)
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
     sched.step()
     return norm
 
