@@ -59,7 +59,7 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = weight_grad(g, x)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g.reshape(-1, g.shape[-1]).sum(0)
+            gb = bias_grad(g)
         return gx, gw, gb
 
 
@@ -125,6 +125,11 @@ def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
             and g2.numel() * x2.shape[1] >= ONEDNN_MIN_MACS and cpu_gemm() == "onednn":
         return _onednn(g2.t(), x2.t())                                     # [out, M] @ [M, in]
     return g2.t() @ x2
+
+
+def bias_grad(g: torch.Tensor) -> torch.Tensor:
+    """The bias's gradient of y = linear(x, w, b): g [..., out] summed over positions -> [out]."""
+    return g.reshape(-1, g.shape[-1]).sum(0)
 
 
 class RoutedLinear(torch.nn.Linear):

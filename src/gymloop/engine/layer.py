@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .gemm import linear, weight_grad
+from .gemm import bias_grad, linear, weight_grad
 
 aten = torch.ops.aten
 
@@ -66,20 +66,20 @@ def rms_norm_grad(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight:
     return dx, dw
 
 
-def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
+def split_heads(y: torch.Tensor, n: int) -> torch.Tensor:
     """[B, T, n * D] -> [B, n, T, D] (a view)."""
     B, T, _ = y.shape
     return y.view(B, T, n, -1).transpose(1, 2)
 
 
-def _merge(y: torch.Tensor) -> torch.Tensor:
+def merge_heads(y: torch.Tensor) -> torch.Tensor:
     """[B, n, T, D] -> [B, T, n * D] (contiguous)."""
     B, n, T, D = y.shape
     return y.transpose(1, 2).reshape(B, T, n * D)
 
 
 def _bias_grad(g: torch.Tensor, b: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
-    return g.reshape(-1, g.shape[-1]).sum(0) if b is not None and needed else None
+    return bias_grad(g) if b is not None and needed else None
 
 
 Backward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -129,8 +129,8 @@ class DecoderLayer(torch.autograd.Function):
         if sel is not None and mask is None:
             raise ValueError("queries at `sel` need an explicit mask")
         h, r1 = aten._fused_rms_norm(x, [C], n1, shape.eps)                 # [R, T, C], rstd [R, T, 1]
-        k = rope(_heads(linear(h, wk, bk), shape.kv_heads), cos, sin)     # [R, KV, T, D]
-        v = _heads(linear(h, wv, bv), shape.kv_heads)
+        k = rope(split_heads(linear(h, wk, bk), shape.kv_heads), cos, sin)     # [R, KV, T, D]
+        v = split_heads(linear(h, wv, bv), shape.kv_heads)
         if kh is not None:
             k = torch.cat((kh.expand(R, -1, -1, -1), k), 2)                # [R, KV, P + T, D]
             v = torch.cat((vh.expand(R, -1, -1, -1), v), 2)
@@ -140,9 +140,9 @@ class DecoderLayer(torch.autograd.Function):
             rows = torch.arange(R, device=x.device)[:, None]
             xq, hq = x[rows, sel], h[rows, sel]                             # [R, U, C]
             cq, sq = cos[:, 0][rows, sel][:, None], sin[:, 0][rows, sel][:, None]
-        q = rope(_heads(linear(hq, wq, bq), shape.heads), cq, sq)         # [R, H, U, D]
+        q = rope(split_heads(linear(hq, wq, bq), shape.heads), cq, sq)         # [R, H, U, D]
         o, attn = ATTENTION.get(q.device.type, sdpa)(q, k, v, mask, 1.0 / math.sqrt(shape.head_dim))
-        o2 = _merge(o)                                                     # [R, U, C]
+        o2 = merge_heads(o)                                                     # [R, U, C]
         x1 = xq + linear(o2, wo)
         h2, r2 = aten._fused_rms_norm(x1, [C], n2, shape.eps)
         g, u = linear(h2, wg), linear(h2, wu)                              # [R, U, I]
@@ -173,12 +173,12 @@ class DecoderLayer(torch.autograd.Function):
         dx1 = dx1 + dy
         # attention: x1 = xq + o @ Wo.T
         dwo = weight_grad(dx1, o2) if need[7] else None
-        dq, dk, dv = ctx.attn(_heads(linear(dx1, wo.t()), shape.heads))
+        dq, dk, dv = ctx.attn(split_heads(linear(dx1, wo.t()), shape.heads))
         dkh = dvh = None
         if P:
             dkh, dvh = dk[:, :, :P].sum(0, keepdim=True), dv[:, :, :P].sum(0, keepdim=True)   # [1, KV, P, D]
             dk, dv = dk[:, :, P:], dv[:, :, P:]
-        dq, dk, dv = _merge(rope_grad(dq, cq, sq)), _merge(rope_grad(dk, cos, sin)), _merge(dv)
+        dq, dk, dv = merge_heads(rope_grad(dq, cq, sq)), merge_heads(rope_grad(dk, cos, sin)), merge_heads(dv)
         dwq = weight_grad(dq, hq) if need[1] else None
         dwk = weight_grad(dk, h) if need[3] else None
         dwv = weight_grad(dv, h) if need[5] else None

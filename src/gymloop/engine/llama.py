@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .gemm import linear
-from .layer import Shape, additive_mask, decoder_layer, rope
+from .layer import Shape, additive_mask, decoder_layer, merge_heads, rope, split_heads
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -115,21 +115,17 @@ class LlamaBackend:
     def _q(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Normed hidden states h [B, T, H*D] -> rotated queries [B, H, T, D] (cos/sin
         broadcastable to [B, 1, T, D])."""
-        B, T, _ = h.shape
-        return rope(linear(h, w[1], w[2]).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        return rope(split_heads(linear(h, w[1], w[2]), self.n_heads), cos, sin)
 
     def _kv(self, h: torch.Tensor, w: tuple, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h [B, T, H*D] -> rotated keys and values, [B, KV, T, D] each."""
-        B, T, _ = h.shape
-        k = linear(h, w[3], w[4]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        return rope(k, cos, sin), linear(h, w[5], w[6]).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return rope(split_heads(linear(h, w[3], w[4]), self.n_kv), cos, sin), split_heads(linear(h, w[5], w[6]), self.n_kv)
 
     def _out_mlp(self, x: torch.Tensor, o: torch.Tensor, w: tuple) -> torch.Tensor:
         """The rest of a layer: the attention output o [B, H, T, D] projected onto the residual
         stream x [B, T, H*D], then the MLP's residual. Returns [B, T, H*D]."""
-        B, T, _ = x.shape
         wo, n2, wg, wu, wd = w[7:]
-        x = x + linear(o.transpose(1, 2).reshape(B, T, -1), wo)
+        x = x + linear(merge_heads(o), wo)
         h = self._norm(x, n2)
         return x + linear(F.silu(linear(h, wg)) * linear(h, wu), wd)
 
