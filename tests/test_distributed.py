@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import os
 import socket
 
 import pytest
@@ -82,6 +83,12 @@ def _worker(rank, port, state, vocab, out, fsdp=False, case="grpo"):
         torch.distributed.barrier()   # neither leaves while the other's gloo threads still talk to it
     finally:
         torch.distributed.destroy_process_group()
+    # A rank that got here succeeded; its interpreter's teardown once aborted ("terminate called
+    # without an active exception", exit -6) in a thread's destructor after the result was sent.
+    # Flush the queue, then leave without running C++ static destructors.
+    out.close()
+    out.join_thread()
+    os._exit(0)
 
 
 def _result(out, procs, timeout_s: float = 120.0):
