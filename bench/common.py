@@ -1,9 +1,19 @@
-"""Helpers shared by the benchmark scripts: steady CPU settings, medians, tables."""
+"""Helpers shared by the benchmark scripts: steady CPU settings, medians, tables, results files.
+
+Every table a script prints through `table()` is also recorded, and `save()` writes it with the
+raw data, the commit and the machine to `bench/results/<bench>/<date>-<cpu>.json` (committed);
+`bench/render.py` renders bench/README.md's tables from those files, so no figure there is typed in.
+"""
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -11,6 +21,8 @@ from typing import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 RESULTS = Path(__file__).parent / "results"
+# every table printed by this process, in order: what save() writes beside the raw data
+_TABLES: list[dict] = []
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -24,16 +36,78 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times)
 
 
-def table(rows: list[list[str]]) -> str:
+def format_table(rows: list[list[str]]) -> str:
+    """Rows of cells (the first the header) as aligned text columns."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     fmt = lambda r: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])
 
 
+def table(rows: list[list[str]], title: str | None = None, record: bool = True) -> str:
+    """`format_table(rows)`, recorded (unless `record` is False: a partial table printed as a run
+    goes) so that save() writes it with the results."""
+    if record:
+        _TABLES.append({"title": title, "rows": [[str(c) for c in r] for r in rows]})
+    return format_table(rows)
+
+
+def cpu() -> dict:
+    """The CPU as /proc/cpuinfo names it (vendor, model name, family/model: a VM often hides the
+    model name, the family tells the generation), and the cores this process may use."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return {"model_name": info.get("model name", platform.processor() or platform.machine()),
+            "vendor": info.get("vendor_id", ""), "family": info.get("cpu family", ""), "model": info.get("model", ""),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def cpu_slug(c: dict) -> str:
+    """A file-name form of the CPU: 'amd-epyc-f25m1'."""
+    name = re.sub(r"\(r\)|\(tm\)|cpu|@.*|processor", "", c["model_name"].lower())
+    name = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"
+    return f"{name}-f{c['family']}m{c['model']}" if c["family"] else name
+
+
+def commit() -> dict:
+    """The checkout the bench ran from: HEAD and whether tracked files differed from it."""
+    root = Path(__file__).parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return {"commit": head, "dirty": bool(dirty)}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+
+
+def meta() -> dict:
+    import torch
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {"date": now.date().isoformat(), "time": now.isoformat(timespec="seconds"), **commit(), "cpu": cpu(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "argv": sys.argv[1:],
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
 def save(name: str, data: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2))
+    """Write `data` with the tables printed so far and the run's meta() to
+    bench/results/<name>/<date>-<cpu>.json (a second run the same day gets -2, -3, ...: every
+    run is kept)."""
+    m = meta()
+    folder = RESULTS / name
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{m['date']}-{cpu_slug(m['cpu'])}"
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    path.write_text(json.dumps({"bench": name, "meta": m, "tables": _TABLES, **data}, indent=1) + "\n")
+    print(f"results: {path.relative_to(RESULTS.parent.parent)}")
     return path
 
 

@@ -68,7 +68,7 @@ def main() -> None:
                       " ".join(f"{r:.2f}" for r in ratios)])
         out.append({"case": case, "against_seconds": sec[args.against], "this_seconds": sec["this checkout"],
                     "speedup": old / new})
-        print(common.table(table[:1] + table[-1:]), flush=True)
+        print(common.table(table[:1] + table[-1:], record=False), flush=True)
     print(f"\nfine-tuning step time, this checkout vs {args.against} ({args.model}, batch {args.batch}, "
           f"{args.steps} steps, median of {args.repeats}, alternating, 1 thread)")
     print(common.table(table))

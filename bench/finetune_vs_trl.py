@@ -33,6 +33,9 @@ from gymloop.finetune import methods as fm
 from gymloop.models.checkpoint import load_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# what both sides run with (theirs(): gradient_checkpointing=False, use_cpu, no bf16/fp16)
+SETTINGS = ("1 process, {threads} torch thread(s), float32, no gradient checkpointing, no evaluation or saving "
+            "in the timed steps, constant lr, DPO reference log-probs precomputed")
 
 
 def rows(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
@@ -155,18 +158,26 @@ def main() -> None:
         data = rows(steps * batch)
         for case, (method, system) in CASES.items():
             ours_s, theirs_s, tokens = [], [], 0
-            for _ in range(args.repeats):
-                sec, tokens = ours(method, path, data, batch, lr, lora, system)
-                ours_s.append(sec)
-                theirs_s.append(theirs(method, path, data, batch, lr, lora, system))
+            for i in range(args.repeats):      # alternating which side runs first, as finetune_ab.py does
+                for side in (("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")):
+                    if side == "ours":
+                        sec, tokens = ours(method, path, data, batch, lr, lora, system)
+                        ours_s.append(sec)
+                    else:
+                        theirs_s.append(theirs(method, path, data, batch, lr, lora, system))
             a, b = tokens / statistics.median(ours_s), tokens / statistics.median(theirs_s)
             table.append([name, case, batch, steps, f"{a:,.0f}", f"{b:,.0f}", f"{a / b:.2f}x"])
             out.append({"model": name, "case": case, "method": method, "batch": batch, "steps": steps, "tokens": tokens,
                         "gymloop_seconds": ours_s, "trl_seconds": theirs_s, "ratio": a / b})
-            print(common.table(table[:1] + table[-1:]), flush=True)
-    print(f"\nSFT / DPO training speed vs TRL ({args.threads} thread(s), median of {args.repeats}; tokens of steps 2..N)")
-    print(common.table(table))
-    common.save("finetune_vs_trl", {"args": vars(args), "results": out})
+            print(common.table(table[:1] + table[-1:], record=False), flush=True)
+    title = (f"SFT / DPO training tokens/s vs TRL, median of {args.repeats} (alternating first side); tokens of "
+             f"steps 2..N. Both sides: {SETTINGS.format(threads=args.threads)}")
+    print(f"\n{title}")
+    print(common.table(table, title=title))
+    import trl
+
+    common.save("finetune_vs_trl", {"args": vars(args), "results": out, "trl": trl.__version__,
+                                    "settings": SETTINGS.format(threads=args.threads)})
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def main() -> None:
                 rows.append([str(seed), "annealed" if old else "band", name, *[f"{100 * c:.1f}" for c in curve],
                              f"{100 * (curve[-1] - curve[0]):+.1f}"])
                 results["grpo"].append({"seed": seed, "annealed": old, "recipe": name, "curve": curve})
-                print(common.table(rows[:1] + rows[-1:]).splitlines()[-1], flush=True)
+                print(common.table(rows[:1] + rows[-1:], record=False).splitlines()[-1], flush=True)
     print(f"\nGRPO on 2-digit addition (configs/arith-grpo.yaml, {args.steps} steps): held-out pass@1, 500 tasks")
     print(common.table(rows))
     common.save("recipe_ablation", results)

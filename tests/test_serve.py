@@ -154,29 +154,49 @@ def test_missing_or_wrong_key_is_401_and_leaves_no_trace(server):
 
 
 def test_concurrent_load_with_a_swap_in_the_middle(server, client):
-    """32 clients x 25 requests, a weight swap during the load: 0 errors, 800 traces."""
+    """32 clients x 25 requests, a weight swap while they are in flight: 0 errors, 800 traces, answers
+    from the old weights before the swap and from the new after it, never the old after the new."""
     store, batcher = server["store"], server["batcher"]
     before = store.count("traces")
     weights = {k: v.clone() for k, v in batcher.engine.model.state_dict().items()}
+    lock, answered = threading.Lock(), [0]
+    under_load = threading.Event()        # 100 answers in: the swap starts while the rest are in flight
+    swapped_in = threading.Event()        # the swap is done: each client's last 5 requests come after it
 
     def worker(i):
         out = []
         for j in range(25):
+            if j == 20:
+                assert swapped_in.wait(timeout=120), "the swap never finished"
             r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}+{j}="}],
                                                max_tokens=6)
             out.append((r.id, r.system_fingerprint))
+            with lock:
+                answered[0] += 1
+                if answered[0] == 100:
+                    under_load.set()
         return out
 
     with cf.ThreadPoolExecutor(32) as ex:
         futures = [ex.submit(worker, i) for i in range(32)]
-        time.sleep(0.5)
+        assert under_load.wait(timeout=120)
+        with lock:
+            at_swap = answered[0]
         swapped = batcher.swap(weights, version=7)
-        results = [x for f in futures for x in f.result()]
-    assert swapped.result(timeout=30) == 7
+        assert swapped.result(timeout=60) == 7
+        swapped_in.set()
+        per_client = [f.result() for f in futures]
+    results = [x for out in per_client for x in out]
+    assert at_swap < 800 - 32 * 5                   # the swap was queued with requests still to come
     assert len(results) == 800 and store.count("traces") == before + 800
     assert all(store.get_trace(rid) is not None for rid, _ in results)
-    versions = {fp for _, fp in results}
-    assert "gymloop-v7" in versions and versions <= {"gymloop-v0", "gymloop-v7"}
+    fingerprints = [fp for _, fp in results]
+    assert set(fingerprints) == {"gymloop-v0", "gymloop-v7"}
+    assert fingerprints.count("gymloop-v0") >= 100 and fingerprints.count("gymloop-v7") >= 32 * 5
+    for out in per_client:                          # a client never goes back to the old weights
+        seen = [fp for _, fp in out]
+        assert seen == sorted(seen, key=lambda fp: fp == "gymloop-v7")
+        assert all(fp == "gymloop-v7" for fp in seen[20:])
     assert batcher.batched_requests / batcher.batches > 1.5        # requests really shared batches
     metrics = httpx.get(server["base"] + "/metrics").text
     assert "gymloop_model_version 7" in metrics and 'gymloop_requests_total{status="200"}' in metrics
@@ -297,11 +317,18 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
 
 
 def test_serving_is_costed_in_the_ledger(server, client):
-    for i in range(5):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}"}], max_tokens=4)
-    time.sleep(server["cfg"].poll_s + 0.5)          # one flush tick
-    stats = server["store"].stats()
-    rows = server["store"].ledger_rows("serving")
+    store = server["store"]
+    served_before = sum(r["served_tokens"] for r in store.ledger_rows("serving"))
+    answered = sum(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}"}],
+                                                  max_tokens=4).usage.completion_tokens for i in range(5))
+    assert answered > 0
+    # the ledger is written once per poll tick: wait for the tick that carries these answers
+    deadline = time.monotonic() + 60
+    while sum(r["served_tokens"] for r in store.ledger_rows("serving")) < served_before + answered:
+        assert time.monotonic() < deadline, "the serving ledger never recorded the answers"
+        time.sleep(server["cfg"].poll_s / 4)
+    stats = store.stats()
+    rows = store.ledger_rows("serving")
     served = sum(r["served_tokens"] for r in rows)
     dollars = sum(r["dollars"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)

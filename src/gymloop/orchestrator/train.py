@@ -111,7 +111,8 @@ def _trainer(cfg: TrainConfig, model):
 # After each step: (step, metrics, save) -> None to go on, or a reason to stop now ("paused",
 # "cancelled"). `save(path)` writes the model and trainer state as they are (a checkpoint that
 # `model: path` plus `init_trainer_state: path` resume from). metrics: reward, loss, ... of the
-# step, and heldout_pass1 / heldout_reward when it evaluated.
+# step, train_seconds (the learning clock so far: a budget can stop on it), and heldout_pass1 /
+# heldout_reward when it evaluated.
 StepHook = Callable[[int, dict, Callable[[str], None]], "str | None"]
 
 
@@ -239,7 +240,8 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 def save(path: str) -> None:
                     save_model(model, tok, path, extra={"base_model": str(model_path), "version": step})
                     trainer.save_state(path)
-                stop = on_step(step, {"reward": reward, "errors": st.errors, "trained_tokens": trained, **metrics}, save)
+                stop = on_step(step, {"reward": reward, "errors": st.errors, "trained_tokens": trained,
+                                       "train_seconds": train_clock(), **metrics}, save)
                 if stop is not None:
                     echo(f"stopped at step {step}: {stop}")
                     break
