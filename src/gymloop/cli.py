@@ -337,6 +337,46 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_swe(args: argparse.Namespace) -> int:
+    """`gymloop swe build | export | verify`: SWE-bench-format tasks from real projects."""
+    from pathlib import Path
+
+    from .swe.env import default_cache
+
+    cache = Path(args.cache) if args.cache else default_cache()
+    if args.swe_command == "build":
+        from .swe.build import build_all
+
+        instances, reports = build_all(cache, projects=args.projects, per_project=args.per_project,
+                                       max_candidates=args.max_candidates, seed=args.seed, slots=args.slots,
+                                       out=Path(args.out) if args.out else None)
+        rows = [["project", "kind", "judging tests", "candidates", "kept", "seconds"]]
+        rows += [[r.project, r.kind, str(r.judging_tests), str(r.candidates), str(r.kept), f"{r.seconds:.0f}"]
+                 for r in reports]
+        print(_table(rows))
+        splits = {s: sum(i.split == s for i in instances) for s in ("train", "heldout")}
+        print(f"{len(instances)} tasks ({splits['train']} train, {splits['heldout']} held-out) -> "
+              f"{args.out or cache / 'tasks.jsonl'}")
+        return 0
+    from .swe.instance import dump_instances, load_instances
+
+    if args.swe_command == "export":
+        sys.stdout.write(dump_instances(load_instances(args.tasks or cache / "tasks.jsonl"), args.format))
+        return 0
+    from .sandbox import Pool
+    from .swe.harness import Harness
+
+    instances = {i.instance_id: i for i in load_instances(args.tasks)}
+    if args.instance not in instances:
+        raise ValueError(f"no instance {args.instance!r} in {args.tasks}")
+    inst = instances[args.instance]
+    patch = inst.patch if args.gold else (sys.stdin.read() if args.patch == "-" else Path(args.patch).read_text())
+    with Pool(slots=1) as pool:
+        verdict = Harness(pool, Path(args.repos) if args.repos else cache / "repos", cache).verify(inst, patch)
+    print(json.dumps(verdict.as_dict()))
+    return 0 if verdict.error is None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -451,12 +491,39 @@ def build_parser() -> argparse.ArgumentParser:
     evs.add_parser("list", help="the registered environments").set_defaults(fn=cmd_envs)
     va = evs.add_parser("validate", help="gold episodes score 1.0, known-wrong ones less")
     va.add_argument("env", help="an environment name (tools@v2 works), or 'all'")
-    va.add_argument("--n", type=int, default=20, help="tasks to check")
+    va.add_argument("--n", type=int, default=20, help="tasks to check (0: every task of a task-file "
+                    "environment such as swe)")
     va.add_argument("--options", default="{}", help="JSON object of environment options")
     va.set_defaults(fn=cmd_envs)
     lo = evs.add_parser("load", help="check a JSONL task file (errors name the line)")
     lo.add_argument("file")
     lo.set_defaults(fn=cmd_envs)
+
+    sw = sub.add_parser("swe", help="real repositories as tasks: build them, export them, verify a patch")
+    sws = sw.add_subparsers(dest="swe_command", required=True)
+    swc = argparse.ArgumentParser(add_help=False)
+    swc.add_argument("--cache", default=None, help="gymloop's SWE cache (default ~/.cache/gymloop/swe)")
+    bu = sws.add_parser("build", parents=[swc], help="tasks from the manifest's projects (sdists from PyPI, bugs their tests catch)")
+    bu.add_argument("--projects", nargs="+", default=None, help="only these projects of the manifest")
+    bu.add_argument("--per-project", type=int, default=32, help="validated tasks to keep per project")
+    bu.add_argument("--max-candidates", type=int, default=120, help="mutations tried per project at most")
+    bu.add_argument("--seed", type=int, default=0, help="the order candidates are tried in")
+    bu.add_argument("--slots", type=int, default=2, help="sandbox slots (test runs at once)")
+    bu.add_argument("--out", default=None, help="the task file (default: the cache's tasks.jsonl)")
+    bu.set_defaults(fn=cmd_swe)
+    xp = sws.add_parser("export", parents=[swc], help="the tasks as SWE-bench-format JSON lines on stdout")
+    xp.add_argument("--format", choices=["swebench", "gymloop"], default="swebench",
+                    help="swebench: FAIL_TO_PASS / PASS_TO_PASS as JSON strings, as SWE-bench's files hold them")
+    xp.add_argument("--tasks", default=None, help="a task file (default: the cache's tasks.jsonl)")
+    xp.set_defaults(fn=cmd_swe)
+    vf = sws.add_parser("verify", parents=[swc], help="verify a patch against one instance; prints JSON")
+    vf.add_argument("tasks", help="a SWE-bench-format JSON-lines file")
+    vf.add_argument("--instance", required=True, help="the instance_id")
+    src = vf.add_mutually_exclusive_group(required=True)
+    src.add_argument("--patch", help="a unified diff file ('-': standard input)")
+    src.add_argument("--gold", action="store_true", help="verify the instance's own gold patch")
+    vf.add_argument("--repos", default=None, help="where relative `repo` names live (default: the cache's repos)")
+    vf.set_defaults(fn=cmd_swe)
 
     sb = sub.add_parser("sandbox", help="run untrusted code in the sandbox")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)

@@ -116,6 +116,10 @@ class Environment(ABC):
         """Score many episodes; environments that run code override this to use a pool."""
         return [self.verify(t, m) for t, m in items]
 
+    def all_tasks(self) -> list[Task] | None:
+        """Every task, when the environment holds a finite set (a task file); None otherwise."""
+        return None
+
     def gold_reply(self, task: Task) -> str:
         """A reply that must score 1.0 (single-turn environments)."""
         raise NotImplementedError
@@ -146,7 +150,19 @@ def run_episode(env: Environment, task: Task, reply: Callable[[list[Message]], s
     return messages, env.verify(task, messages)
 
 
+def play_turns(env: Environment, task: Task, turns: list[str]) -> list[Message]:
+    """Scripted model turns through the environment protocol, not verified: the episode's messages."""
+    messages = env.reset(task)
+    for i, text in enumerate(turns):
+        messages.append({"role": "assistant", "content": text})
+        step = env.step(task, messages, text)
+        if step.done or i == len(turns) - 1:
+            break
+        messages += [dict(m) for m in step.observation]
+    return messages
+
+
 def play(env: Environment, task: Task, turns: list[str]) -> tuple[list[Message], Score]:
     """Run scripted model turns through the environment protocol and verify the episode."""
-    script = iter(turns)
-    return run_episode(env, task, lambda messages: next(script), max_turns=len(turns))
+    messages = play_turns(env, task, turns)
+    return messages, env.verify(task, messages)

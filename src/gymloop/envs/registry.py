@@ -49,6 +49,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("code", _lazy(".code", "make_code"), "write a Python function; hidden tests run in the sandbox"),
     EnvEntry("code-repo", _lazy(".code", "make_code_repo"),
              "fix a bug in a tiny multi-file project; its own unittest suite decides"),
+    EnvEntry("swe", _lazy("..swe.env", "make_swe"),
+             "fix a real bug in a real repository with tools (SWE-bench format: tasks: FILE, repos: DIR); "
+             "the project's own tests decide, in the sandbox"),
     EnvEntry("humaneval", _lazy(".humaneval", "make_humaneval"), "the 164 HumanEval problems, their own tests in the sandbox"),
     EnvEntry("reasoning_gym", _lazy(".reasoning_gym", "make_reasoning_gym"),
              "any reasoning-gym dataset (dataset: NAME), scored by its own scorer"),
@@ -60,7 +63,7 @@ BUILTIN: tuple[EnvEntry, ...] = (
 )
 
 # built-ins that build only from a file (options path: ...); `validate all` skips them
-NEEDS_FILE = ("jsonl", "graded")
+NEEDS_FILE = ("jsonl", "graded", "swe")     # swe: the tasks `gymloop swe build` makes
 
 
 class Registry:

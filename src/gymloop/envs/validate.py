@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import Environment, play
+from .base import Environment, play_turns
 
 
 @dataclass
@@ -22,24 +22,25 @@ class Validation:
 
 
 def validate(env: Environment, n: int = 20, seed: int = 0) -> Validation:
+    """`n` tasks (n <= 0: every task of an environment that holds a finite set), each played with
+    its gold turns and its known-wrong turns; all episodes scored in one verify_batch (environments
+    that run code verify them in parallel)."""
     split = "heldout" if env.name == "humaneval" else "train"
-    tasks = env.sample_tasks(n, split, seed)
+    tasks = env.all_tasks() if n <= 0 else None
+    if tasks is None:
+        tasks = env.sample_tasks(n if n > 0 else 20, split, seed)
     v = Validation(env=env.name, tasks=len(tasks))
-    gold, wrong = [], []
-    for t in tasks:
-        msgs, score = play(env, t, env.gold_turns(t))
-        gold.append((t, msgs, score))
-        turns = env.wrong_turns(t)
-        if turns is not None:
-            wrong.append((t, play(env, t, turns)))
-    for t, _, s in gold:
+    gold = [(t, play_turns(env, t, env.gold_turns(t))) for t in tasks]
+    wrong = [(t, play_turns(env, t, turns)) for t in tasks if (turns := env.wrong_turns(t)) is not None]
+    scores = env.verify_batch(gold + wrong)
+    for (t, _), s in zip(gold, scores[:len(gold)]):
         if s.error:
             v.errors.append(f"{t.id}: infrastructure error on the gold episode: {s.error}")
         elif s.reward == 1.0:
             v.gold_passed += 1
         else:
             v.errors.append(f"{t.id}: gold episode scored {s.reward}: {s.reason}")
-    for t, (_, s) in wrong:
+    for (t, _), s in zip(wrong, scores[len(gold):]):
         v.wrong_checked += 1
         if s.reward < 1.0 and not s.error:
             v.wrong_rejected += 1
