@@ -36,6 +36,23 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def alternating_medians(a: Callable[[], object], b: Callable[[], object], repeats: int = 5,
+                        warmup: int = 1) -> tuple[float, float]:
+    """Median seconds of `a` and of `b`, timed in turns whose order alternates (a b, b a, ...), so
+    neither side always runs first, after a warm machine or next to the other's leftovers."""
+    for _ in range(warmup):
+        a()
+        b()
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for i in range(repeats):
+        for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+            fn = a if k == 0 else b
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def format_table(rows: list[list[str]]) -> str:
     """Rows of cells (the first the header) as aligned text columns."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

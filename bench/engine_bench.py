@@ -71,15 +71,16 @@ def main() -> None:
             def theirs():
                 counts["hf"] = hf_generate(model, prompts, max_new, eos, tok.pad_token_id)
 
-            t_ours = common.median_time(ours, args.repeats)
-            t_hf = common.median_time(theirs, args.repeats)
+            t_ours, t_hf = common.alternating_medians(ours, theirs, args.repeats)
             a, b = counts["ours"] / t_ours, counts["hf"] / t_hf
             rows.append([workload, batch, f"{a:,.0f}", f"{b:,.0f}", f"{a / b:.2f}x"])
             results.append({"workload": workload, "batch": batch, "gymloop_tok_s": a, "generate_tok_s": b,
                             "ratio": a / b})
-    print(f"Generation throughput, nano model ({sum(p.numel() for p in model.parameters()):,} params), "
-          f"{args.threads} thread(s), median of {args.repeats}")
-    print(common.table(rows))
+    title = (f"Generation throughput, nano ({sum(p.numel() for p in model.parameters()):,} params), gymloop's engine vs "
+             f"transformers' generate (KV cache on); both: the same model object in one process, {args.threads} torch "
+             f"thread(s), {next(model.parameters()).dtype}, sampling at T=1; median of {args.repeats}, the two alternating")
+    print(title)
+    print(common.table(rows, title=title))
     common.save("engine", {"threads": args.threads, "results": results})
 
 

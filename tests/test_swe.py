@@ -207,8 +207,11 @@ def test_a_patch_that_does_not_apply_is_zero_not_an_error(built, harness):
 
 
 def test_instances_in_swebench_json_strings_load_and_round_trip(built, tmp_path):
+    from swebench.types import SWEbenchInstance
+
     t = built["tasks"][0]
     row = t.swebench_dict()
+    assert set(SWEbenchInstance.__annotations__) <= set(row)        # every field SWE-bench's own type names
     assert isinstance(row["FAIL_TO_PASS"], str) and json.loads(row["FAIL_TO_PASS"]) == t.FAIL_TO_PASS
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps(row) + "\n")

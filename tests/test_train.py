@@ -57,6 +57,34 @@ def test_infrastructure_errors_are_excluded_not_zero(tok, model):
     assert all(r.ok for r in adv.rollouts) and len(adv.rollouts) == 4
 
 
+def test_episodes_stay_within_the_models_context(tok, model):
+    """A prompt longer than the model's positions is an error (excluded from training), never a
+    crash; a prompt near the limit gets only the tokens that still fit."""
+    context = model.config.max_position_embeddings
+    text = lambda k: " ".join(["12+34="] * k)  # noqa: E731
+    k = 1
+    while len(tok.prompt_ids([{"role": "user", "content": text(k + 1)}])) <= context - 3:
+        k += 1
+    near = [{"role": "user", "content": text(k)}]
+
+    class Long(DigitEnv):
+        def sample_tasks(self, n, split, seed):
+            return [Task(id="long", env=self.name, answer=0, prompt=({"role": "user", "content": text(10 * k)},)),
+                    Task(id="near", env=self.name, answer=0, prompt=tuple(near))]
+
+    engine = Engine(model, tok.pad_token_id)
+    env = Long()
+    rolls, stats = collect(engine, tok, env, env.sample_tasks(2, "train", 0), 2,
+                           SamplingParams(max_new_tokens=16, seed=0))
+    too_long, fitting = rolls[:2], rolls[2:]
+    assert len(too_long[0].prompt_ids) > context and stats.errors == 2
+    assert all(not r.ok and "does not fit the model's context" in r.score.error and not r.token_ids for r in too_long)
+    for r in fitting:
+        assert r.ok and 1 <= len(r.token_ids) < 16 and len(r.prompt_ids) + len(r.token_ids) <= context
+    adv = advantages_for(rolls, 2, "grpo", drop_zero_signal=False)
+    assert all(r.ok for r in adv.rollouts) and len(adv.rollouts) == 2
+
+
 def test_checkpoint_round_trip_gives_identical_logits(tok, tmp_path):
     model = tiny_llama(tok.vocab_size, seed=5)
     trainer = Trainer(model, lr=1e-3)

@@ -49,6 +49,11 @@ class Engine:
             raise ValueError("recording routing needs a backend that keeps finished rows (hf)")
 
     @property
+    def context(self) -> int | None:
+        """Positions the model can attend over (its config's max_position_embeddings), if it says."""
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+
+    @property
     def device(self) -> torch.device:
         """Where the model's weights are (the engine generates there)."""
         return next(self.model.parameters()).device

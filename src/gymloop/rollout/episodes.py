@@ -88,12 +88,21 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
         for _ in range(n_per_task):
             rollouts.append(Rollout(task=task, prompt_ids=pids, messages=[dict(m) for m in msgs],
                                     version=engine.version))
-    live = list(rollouts)
+    # an episode never grows past the model's context: one that has no room left for a token is
+    # truncated, and a turn generates at most what the fullest episode of the batch has room for
+    limit = min(max_total_tokens, getattr(engine, "context", None) or max_total_tokens)   # a scripted policy may not say
+    unread = {id(r) for r in rollouts if len(r.prompt_ids) >= limit}
+    for r in rollouts:
+        r.truncated = id(r) in unread
+    live = [r for r in rollouts if not r.truncated]
     for turn in range(max_turns):
         if not live:
             break
         prompts = [r.prompt_ids + r.token_ids for r in live]
-        batch = engine.generate(prompts, params)
+        room = limit - max(map(len, prompts))
+        turn_params = params if room >= params.max_new_tokens else \
+            SamplingParams(**{**params.__dict__, "max_new_tokens": room})
+        batch = engine.generate(prompts, turn_params)
         stats.gen_seconds += batch.seconds
         stats.generated_tokens += batch.generated_tokens
         stats.prompt_tokens += batch.prompt_tokens
@@ -115,7 +124,7 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
             if step.done or turn == max_turns - 1:
                 continue
             obs = tok.continuation_ids(r.messages, step.observation, tools=env.tools(r.task))
-            if len(r.prompt_ids) + len(r.token_ids) + len(obs) > max_total_tokens:
+            if len(r.prompt_ids) + len(r.token_ids) + len(obs) >= limit:
                 r.truncated = True
                 continue
             r.messages += [dict(m) for m in step.observation]
@@ -127,7 +136,9 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
         live = still
     t0 = time.perf_counter()
     for r, score in zip(rollouts, _verify(env, rollouts)):
-        r.score = score
+        # a prompt the model cannot even read says nothing about the model: excluded, as an error
+        r.score = score if id(r) not in unread else Score(0.0, {}, "not run", error=(
+            f"the prompt ({len(r.prompt_ids)} tokens) does not fit the model's context ({limit} positions)"))
         stats.errors += 0 if r.ok else 1
     stats.env_seconds += time.perf_counter() - t0
     stats.episodes = len(rollouts)

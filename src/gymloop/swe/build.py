@@ -1,7 +1,7 @@
 """`gymloop swe build`: SWE tasks from real projects, by injecting bugs their own tests catch.
 
-For each project of the manifest: the pristine tree's judging tests are run once (only tests
-that pass there are used); every mutation of every function of a listed module is a candidate,
+For each project of the manifest: the pristine tree's judging tests are run twice (only tests
+that pass both times are used); every mutation of every function of a listed module is a candidate,
 taken round-robin over functions (seeded order) so a project's tasks spread over its code; a
 candidate is kept when its tests ran to the end, nothing failed to import or collect, and at least
 one test fails with the bug (those are FAIL_TO_PASS; the rest PASS_TO_PASS). Every kept bug is a
@@ -93,10 +93,16 @@ def build_project(project: Project, manifest: Manifest, cache: Path, repos: Path
     for module, test_files in project.modules.items():
         if module not in base:
             raise FileNotFoundError(f"{project.name}: {module} is not in the sdist")
-        run = run_tests(pool, dict(base), test_files, runner=runner, python_path=project.python_path)
-        if not run.finished or run.error:
-            raise RuntimeError(f"{project.name}: the pristine tests of {module} did not run: {run.error or run.output_tail[-800:]}")
-        judged[module] = sorted(t for t, s in run.status.items() if s == "PASSED")
+        # twice: a test that does not pass both times (flaky, time- or order-dependent) judges nothing
+        passed = None
+        for _ in range(2):
+            run = run_tests(pool, dict(base), test_files, runner=runner, python_path=project.python_path)
+            if not run.finished or run.error:
+                raise RuntimeError(f"{project.name}: the pristine tests of {module} did not run: "
+                                   f"{run.error or run.output_tail[-800:]}")
+            ok = {t for t, s in run.status.items() if s == "PASSED"}
+            passed = ok if passed is None else passed & ok
+        judged[module] = sorted(passed)
         if not judged[module]:
             raise RuntimeError(f"{project.name}: no test of {test_files} passes on the pristine tree")
     report.judging_tests = len({t for ts in judged.values() for t in ts})

@@ -33,6 +33,19 @@ SYSTEM = ("You are a software engineer fixing a bug in a Python repository. Use 
           "Call submit() when the failing tests pass.")
 
 
+COMPACT_SYSTEM = ("Fix the bug. Tools: " + ", ".join(
+    f"{s['function']['name']}({', '.join(s['function']['parameters']['properties'])})" for s in SCHEMAS)
+    + ' as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+
+
+def compact_statement(statement: str) -> str:
+    """The statement's first line (which test fails) and the first error line of its traceback (the
+    exception and its message)."""
+    lines = statement.splitlines()
+    errors = [ln for ln in lines if ln.startswith("E ")]
+    return "\n".join([lines[0]] + errors[:1]) if lines else statement
+
+
 def default_cache() -> Path:
     return Path(os.environ.get("GYMLOOP_CACHE", Path.home() / ".cache" / "gymloop")) / "swe"
 
@@ -51,7 +64,10 @@ class SweConfig(BaseModel):
     test_timeout_s: float = Field(60.0, gt=0, description="Wall-clock limit of one test run (run_tests or verification).")
     test_memory_mb: int = Field(1024, ge=64, description="Address space of the test process.")
     output_chars: int = Field(3000, ge=200, description="run_tests output kept for the model.")
-    heldout: Literal["split"] = Field("split", description="Held-out tasks are the instances whose split is heldout.")
+    prompt: Literal["full", "compact"] = Field(
+        "full", description="full: the tools' schemas in the request and the whole problem statement; compact "
+        "(for models with a few hundred positions, such as nano): no schemas (one line names the tools and "
+        "their arguments), the statement cut to its first line and the error's first line.")
 
 
 class SweEnv(Environment):
@@ -60,24 +76,47 @@ class SweEnv(Environment):
     def __init__(self, config: SweConfig) -> None:
         self.config = config
         cache = Path(config.cache) if config.cache else default_cache()
-        tasks = Path(config.tasks) if config.tasks else cache / "tasks.jsonl"
-        if not tasks.exists():
-            raise FileNotFoundError(f"{tasks} does not exist: run `gymloop swe build` or give options.tasks")
-        self.instances = {i.instance_id: i for i in load_instances(tasks)}
+        self.tasks_file = Path(config.tasks) if config.tasks else cache / "tasks.jsonl"
         self.repos = Path(config.repos) if config.repos else cache / "repos"
-        self.pool = Pool(slots=config.slots, limits=self._limits())
-        self.harness = Harness(self.pool, self.repos, cache, limits=self._limits())
+        self.cache = cache
+        self._instances: dict[str, Instance] | None = None
+        self._harness: Harness | None = None
+        if config.tasks:                       # a file named in a config is read (and checked) now
+            self.instances  # noqa: B018
 
-    def _limits(self) -> Limits:
-        return Limits(timeout_s=self.config.test_timeout_s, memory_mb=self.config.test_memory_mb, tmpfs_mb=128)
+    @property
+    def instances(self) -> dict[str, Instance]:
+        """instance_id -> Instance, read on first use (the default file, the built tasks, may not
+        exist yet when a config naming this environment is validated)."""
+        if self._instances is None:
+            if not self.tasks_file.exists():
+                raise FileNotFoundError(f"{self.tasks_file} does not exist: run `gymloop swe build` or give "
+                                        "options.tasks")
+            self._instances = {i.instance_id: i for i in load_instances(self.tasks_file)}
+        return self._instances
+
+    @property
+    def harness(self) -> Harness:
+        """The sandbox pool and harness, made on first use (validating a config builds the
+        environment and never runs a test)."""
+        if self._harness is None:
+            limits = Limits(timeout_s=self.config.test_timeout_s, memory_mb=self.config.test_memory_mb, tmpfs_mb=128)
+            self._harness = Harness(Pool(slots=self.config.slots, limits=limits), self.repos, self.cache, limits=limits)
+        return self._harness
 
     def close(self) -> None:
-        self.pool.close()
+        if self._harness is not None:
+            self._harness.pool.close()
+            self._harness = None
 
     # --- tasks ------------------------------------------------------------------------
     def task(self, inst: Instance) -> Task:
-        prompt = ({"role": "system", "content": SYSTEM},
-                  {"role": "user", "content": inst.problem_statement})
+        if self.config.prompt == "compact":
+            prompt = ({"role": "system", "content": COMPACT_SYSTEM},
+                      {"role": "user", "content": compact_statement(inst.problem_statement)})
+        else:
+            prompt = ({"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": inst.problem_statement})
         return Task(id=inst.instance_id, env=self.name, prompt=prompt, answer=None, split=inst.split,
                     source="dataset", info={"instance_id": inst.instance_id})
 
@@ -96,7 +135,7 @@ class SweEnv(Environment):
         return self.task(self.instances[task_id])
 
     def tools(self, task: Task) -> list[dict]:
-        return SCHEMAS
+        return SCHEMAS if self.config.prompt == "full" else []
 
     # --- episode ----------------------------------------------------------------------
     def _replay(self, inst: Instance, messages: list[Message]) -> tuple[Workspace, int, int, bool]:
@@ -175,7 +214,7 @@ class SweEnv(Environment):
         return self.score(self.harness.verify(inst, self.patch_of(task, messages)))
 
     def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
-        with cf.ThreadPoolExecutor(self.pool.size) as ex:
+        with cf.ThreadPoolExecutor(self.config.slots) as ex:
             return list(ex.map(lambda tm: self.verify(*tm), items))
 
     # --- validation -------------------------------------------------------------------

@@ -18,6 +18,13 @@ from typing import Mapping
 Tree = Mapping[str, bytes]
 
 
+# commits gymloop makes are reproducible: the same identity and date every time, so a rebuilt task
+# gets the same base_commit
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "gymloop", "GIT_AUTHOR_EMAIL": "gymloop@localhost", "GIT_COMMITTER_NAME": "gymloop",
+                "GIT_COMMITTER_EMAIL": "gymloop@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+                "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
 class GitError(RuntimeError):
     """A git command failed (the repository or commit is not what the task says)."""
 
@@ -67,9 +74,7 @@ def commit_variant(repo: Path, parent: str, changes: Mapping[str, bytes], messag
     """A commit whose tree is `parent`'s with `changes` (path -> new bytes), made without touching
     the work tree or the index (a temporary index)."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_AUTHOR_NAME": "gymloop", "GIT_AUTHOR_EMAIL": "gymloop@localhost",
-               "GIT_COMMITTER_NAME": "gymloop", "GIT_COMMITTER_EMAIL": "gymloop@localhost",
-               "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **GIT_IDENTITY}
         git(repo, "read-tree", parent, env=env)
         for path, data in changes.items():
             sha = git(repo, "hash-object", "-w", "--stdin", input=data).decode().strip()

@@ -19,7 +19,7 @@ from urllib.parse import urljoin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .repos import git
+from .repos import GIT_IDENTITY, git
 
 INDEX = os.environ.get("GYMLOOP_PYPI_SIMPLE", "https://pypi.org/simple/")
 
@@ -102,11 +102,8 @@ def unpack(project: Project, sdist: Path, repos: Path) -> tuple[Path, str]:
             else:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(tar.extractfile(m).read())
-    env = {"GIT_AUTHOR_NAME": "gymloop", "GIT_AUTHOR_EMAIL": "gymloop@localhost", "GIT_COMMITTER_NAME": "gymloop",
-           "GIT_COMMITTER_EMAIL": "gymloop@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
     git(tmp, "init", "-q")
     git(tmp, "add", "-A", "-f")
-    git(tmp, "commit", "-q", "-m", f"{project.name} {project.version} from {project.sdist}", env=env)
+    git(tmp, "commit", "-q", "-m", f"{project.name} {project.version} from {project.sdist}", env=GIT_IDENTITY)
     tmp.rename(repo)
     return repo, git(repo, "rev-parse", "HEAD").decode().strip()

@@ -1,0 +1,99 @@
+"""Render the results tables of bench/README.md and README.md from the committed results files.
+
+    python bench/render.py           # rewrite the generated blocks in place
+    python bench/render.py --check   # exit 1 (and say which) when a block differs from its files
+
+A generated block is the text between
+
+    <!-- results: NAME -->          (or `NAME latest`: the newest file only)
+    <!-- /results -->
+
+and holds, for every file of bench/results/NAME/ (newest first), the run's date, CPU, commit and
+command line and each table the bench printed (common.table records them; save() writes them).
+Nothing between the markers is typed by hand: edit the prose around them, re-run the bench to
+change a figure. tests/test_bench_results.py runs --check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+DOCS = [HERE / "README.md", ROOT / "README.md"]
+BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+)(?P<latest> latest)? -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def results_files(name: str, results: Path = RESULTS) -> list[Path]:
+    """A bench's results files, newest run first."""
+    def started(p: Path) -> tuple[str, str]:
+        m = json.loads(p.read_text())["meta"]
+        return m.get("time", m["date"]), p.name
+    return sorted((results / name).glob("*.json"), key=started, reverse=True)
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    cell = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(cell(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows[1:]])
+
+
+def describe(meta: dict, name: str) -> str:
+    """One line naming where and from what a results file came."""
+    c = meta["cpu"]
+    cpu = c["model_name"] + (f" (family {c['family']} model {c['model']})" if c.get("family") else "")
+    sha = (meta.get("commit") or "unknown")[:7] + (" + uncommitted changes" if meta.get("dirty") else "")
+    cmd = " ".join([f"python bench/{name}.py", *meta.get("argv", [])])
+    return (f"*{meta['date']}, {cpu}, {c['cores']} cores, torch {meta['torch']}, commit {sha}: "
+            f"`{cmd.strip()}`*")
+
+
+def render_block(name: str, results: Path = RESULTS, latest: bool = False, doc_dir: Path = HERE) -> str:
+    """Every results file of `name`, newest first (`latest`: the newest only); links relative to `doc_dir`."""
+    files = results_files(name, results)[:1 if latest else None]
+    if not files:
+        raise FileNotFoundError(f"no results files for {name!r} under {results / name}: run bench/{name}.py")
+    parts = []
+    for path in files:
+        data = json.loads(path.read_text())
+        parts.append(describe(data["meta"], name) + f" ([raw]({Path(os.path.relpath(path, doc_dir)).as_posix()}))")
+        for t in data["tables"]:
+            parts.append((f"**{t['title']}**\n\n" if t.get("title") else "") + markdown_table(t["rows"]))
+    return "\n\n".join(parts) + "\n"
+
+
+def render_text(text: str, results: Path = RESULTS, doc_dir: Path = HERE) -> str:
+    """`text` (a document in `doc_dir`) with every generated block re-rendered from `results`."""
+    return BLOCK.sub(lambda m: m.group(1) + "\n" + render_block(m.group("name"), results, bool(m.group("latest")),
+                                                                doc_dir) + "\n" + m.group(5), text)
+
+
+def blocks(text: str) -> list[str]:
+    return [m.group("name") for m in BLOCK.finditer(text)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when a block is out of date")
+    args = ap.parse_args()
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render_text(text, doc_dir=doc.parent)
+        if new != text:
+            stale.append(doc)
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print("out of date with bench/results/ (run python bench/render.py): " + ", ".join(map(str, stale)))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
