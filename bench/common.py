@@ -107,7 +107,8 @@ def meta() -> dict:
 
     now = datetime.datetime.now(datetime.timezone.utc)
     return {"date": now.date().isoformat(), "time": now.isoformat(timespec="seconds"), **commit(), "cpu": cpu(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "argv": sys.argv[1:],
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": Path(sys.argv[0]).name, "argv": sys.argv[1:],
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 

@@ -48,7 +48,7 @@ def describe(meta: dict, name: str) -> str:
     c = meta["cpu"]
     cpu = c["model_name"] + (f" (family {c['family']} model {c['model']})" if c.get("family") else "")
     sha = (meta.get("commit") or "unknown")[:7] + (" + uncommitted changes" if meta.get("dirty") else "")
-    cmd = " ".join([f"python bench/{name}.py", *meta.get("argv", [])])
+    cmd = " ".join([f"python bench/{meta.get('script', name + '.py')}", *meta.get("argv", [])])
     return (f"*{meta['date']}, {cpu}, {c['cores']} cores, torch {meta['torch']}, commit {sha}: "
             f"`{cmd.strip()}`*")
 
