@@ -27,6 +27,7 @@ import common
 import torch
 
 from gymloop.envs.base import play
+from gymloop.envs.toolcall import format_call
 from gymloop.sandbox import Pool
 from gymloop.swe.env import SweConfig, SweEnv, default_cache
 from gymloop.swe.harness import Harness
@@ -125,10 +126,10 @@ def main() -> None:
 
         def episode(t):
             inst = env.instances[t.id]
-            turns = [f'<tool_call>{json.dumps({"name": "read_file", "arguments": {"path": inst.tests()[0].split("::")[0], "start": 1, "end": 40}})}</tool_call>',
-                     f'<tool_call>{json.dumps({"name": "search", "arguments": {"pattern": "def ", "path": "."}})}</tool_call>',
+            turns = [format_call("read_file", {"path": inst.tests()[0].split("::")[0], "start": 1, "end": 40}),
+                     format_call("search", {"pattern": "def ", "path": "."}),
                      *env.gold_turns(t)[:-1],
-                     f'<tool_call>{json.dumps({"name": "run_tests", "arguments": {"tests": inst.FAIL_TO_PASS[:5]}})}</tool_call>',
+                     format_call("run_tests", {"tests": inst.FAIL_TO_PASS[:5]}),
                      env.gold_turns(t)[-1]]
             return play(env, t, turns)[1]
 

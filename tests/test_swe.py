@@ -272,6 +272,9 @@ def test_an_agent_episode_through_the_tools(built):
         assert score.reward == 1.0 and score.components["resolved"] == 1.0 and score.error is None
         assert env.patch_of(task, msgs).strip() == inst.patch.strip()
         assert env.tools(task)[0]["function"]["name"] == "list_files"
+        import pickle                                   # a Ray worker gets the environment by value
+        copy = pickle.loads(pickle.dumps(env))
+        assert copy.patch_of(task, msgs) == env.patch_of(task, msgs) and copy._harness is None
         # a reply without a call ends the episode: the bug is still there
         _, score = play(env, task, ["I give up."])
         assert score.reward == 0.0 and score.components["fail_to_pass"] == 0.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -24,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..envs.base import Environment, Message, Score, Split, StepResult, Task
 from ..envs.toolcall import format_call, parse_tool_calls, tool_response
 from ..sandbox import Limits, Pool
-from .harness import Harness, Verdict
+from .harness import Harness, Verdict, base_tree
 from .instance import Instance, load_instances
-from .tools import EPISODE_TOOLS, SCHEMAS, Workspace, call_tool
+from .tools import SCHEMAS, Workspace, call_tool
 
 SYSTEM = ("You are a software engineer fixing a bug in a Python repository. Use the tools to read the code, "
           "edit it and run tests. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>. "
@@ -81,6 +82,7 @@ class SweEnv(Environment):
         self.cache = cache
         self._instances: dict[str, Instance] | None = None
         self._harness: Harness | None = None
+        self._lock = threading.Lock()
         if config.tasks:                       # a file named in a config is read (and checked) now
             self.instances  # noqa: B018
 
@@ -99,10 +101,20 @@ class SweEnv(Environment):
     def harness(self) -> Harness:
         """The sandbox pool and harness, made on first use (validating a config builds the
         environment and never runs a test)."""
-        if self._harness is None:
-            limits = Limits(timeout_s=self.config.test_timeout_s, memory_mb=self.config.test_memory_mb, tmpfs_mb=128)
-            self._harness = Harness(Pool(slots=self.config.slots, limits=limits), self.repos, self.cache, limits=limits)
-        return self._harness
+        with self._lock:                # verify_batch's threads ask for it at once: one pool, not one each
+            if self._harness is None:
+                limits = Limits(timeout_s=self.config.test_timeout_s, memory_mb=self.config.test_memory_mb,
+                                tmpfs_mb=128)
+                self._harness = Harness(Pool(slots=self.config.slots, limits=limits), self.repos, self.cache,
+                                        limits=limits)
+            return self._harness
+
+    def __getstate__(self) -> dict:
+        """Sent to another process (a Ray worker) without its pool and lock: made again there on use."""
+        return {**self.__dict__, "_harness": None, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def close(self) -> None:
         if self._harness is not None:
@@ -138,11 +150,10 @@ class SweEnv(Environment):
         return SCHEMAS if self.config.prompt == "full" else []
 
     # --- episode ----------------------------------------------------------------------
-    def _replay(self, inst: Instance, messages: list[Message]) -> tuple[Workspace, int, int, bool]:
-        """The workspace after the edits of `messages`; (workspace, tool calls, test runs, submitted)."""
-        ws = Workspace(self.harness.base_tree(inst))
+    def _replay(self, inst: Instance, messages: list[Message]) -> tuple[Workspace, int, int]:
+        """The workspace after the edits of `messages`; (workspace, tool calls, test runs)."""
+        ws = Workspace(base_tree(inst, self.repos))      # no sandbox needed to read the tree
         calls = runs = 0
-        submitted = False
         for m in messages:
             if m["role"] != "assistant":
                 continue
@@ -153,15 +164,14 @@ class SweEnv(Environment):
                 if c.name == "edit":
                     call_tool(ws, c.name, c.arguments)
                 runs += c.name == "run_tests"
-                submitted |= c.name == "submit"
-        return ws, calls, runs, submitted
+        return ws, calls, runs
 
     def step(self, task: Task, messages: list[Message], assistant_text: str) -> StepResult:
         parsed = parse_tool_calls(assistant_text)
         if not parsed.calls and not parsed.errors:
             return StepResult((), done=True)          # no call: the episode ends, the edits so far are the patch
         inst = self.instances[task.id]
-        ws, calls, runs, _ = self._replay(inst, messages[:-1])
+        ws, calls, runs = self._replay(inst, messages[:-1])
         payloads: list[dict] = [{"error": e} for e in parsed.errors]
         done = False
         for c in parsed.calls:

@@ -100,8 +100,9 @@ def _exits_at_import(source: str) -> int:
     return count
 
 
-def screen(instance: Instance, patch: str, base: Tree, restored: set[str]) -> str | None:
-    """Why the patch scores 0 before anything runs, or None."""
+def screen(patch: str, base: Tree, after: Tree | None, restored: set[str]) -> str | None:
+    """Why the patch scores 0 before anything runs, or None. `after`: base with the patch applied
+    (None when it does not apply)."""
     paths = patch_paths(patch)
     for p in paths:
         name = PurePosixPath(p).name
@@ -114,9 +115,7 @@ def screen(instance: Instance, patch: str, base: Tree, restored: set[str]) -> st
         m = TAMPER.search(line)
         if m:
             return f"the patch reaches for the test runner or the interpreter ({m.group(0)!r} in an added line)"
-    try:
-        after = apply_patch(base, patch)
-    except PatchError:
+    if after is None:
         return None          # reported as not applying by the caller
     for p in paths:
         if p.endswith(".py") and p in after:
@@ -124,6 +123,11 @@ def screen(instance: Instance, patch: str, base: Tree, restored: set[str]) -> st
             if _exits_at_import(after[p].decode(errors="replace")) > before_n:
                 return f"the patch makes {p} exit the process when it is imported"
     return None
+
+
+def base_tree(instance: Instance, repos_root: Path | None) -> Tree:
+    """The instance's repository at base_commit (read from git once and cached, shared read-only)."""
+    return read_tree(resolve_repo(instance.repo, repos_root), instance.base_commit)
 
 
 class Harness:
@@ -135,7 +139,7 @@ class Harness:
         self.limits = limits
 
     def base_tree(self, instance: Instance) -> Tree:
-        return read_tree(resolve_repo(instance.repo, self.repos_root), instance.base_commit)
+        return base_tree(instance, self.repos_root)
 
     def run(self, instance: Instance, tree: Tree, tests: list[str]) -> TestRun:
         """Run `tests` over `tree` in the sandbox (the agent's run_tests and verification alike)."""
@@ -153,22 +157,32 @@ class Harness:
             base = self.base_tree(instance)
         except (GitError, ValueError) as exc:
             return Verdict(instance.instance_id, 0.0, False, error=f"cannot read the task's repository: {exc}")
-        why = screen(instance, patch, base, restored_paths(instance, base))
+        restored = restored_paths(instance, base)
+        try:
+            after, not_applied = apply_patch(base, patch), None
+        except PatchError as exc:
+            after, not_applied = None, str(exc)
+        why = screen(patch, base, after, restored)
         if why:
             return Verdict(instance.instance_id, 0.0, False, {t: False for t in instance.FAIL_TO_PASS},
                            {t: False for t in instance.PASS_TO_PASS}, reason=why)
-        return self.evaluate(instance, patch)
+        if after is None:
+            return Verdict(instance.instance_id, 0.0, False, reason=not_applied)
+        return self._evaluate(instance, base, restored, after)
 
     def evaluate(self, instance: Instance, patch: str) -> Verdict:
         """Steps 2-5 without the screen: apply, restore the tests, run them, grade. (verify() screens
         first; the tests call this alone to show each threat also fails here.)"""
-        iid = instance.instance_id
         base = self.base_tree(instance)
-        restored = restored_paths(instance, base)
         try:
-            tree = apply_patch(base, patch)
+            after = apply_patch(base, patch)
         except PatchError as exc:
-            return Verdict(iid, 0.0, False, reason=str(exc))
+            return Verdict(instance.instance_id, 0.0, False, reason=str(exc))
+        return self._evaluate(instance, base, restored_paths(instance, base), after)
+
+    def _evaluate(self, instance: Instance, base: Tree, restored: set[str], tree: Tree) -> Verdict:
+        """Restore the tests in the patched `tree`, run them, grade."""
+        iid = instance.instance_id
         # the tests as base_commit + test_patch have them, whatever the patch did; a conftest.py the
         # patch added anywhere is dropped (pytest would load it from the test files' parent folders)
         tests_tree = apply_patch({p: base[p] for p in restored if p in base}, instance.test_patch)

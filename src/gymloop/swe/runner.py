@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -150,14 +151,18 @@ def runner_zip(cache: Path) -> Path:
     import marshal
     import zipfile
 
-    versions = "-".join(f"{d}{metadata.version(d)}" for d in runner_dists())
+    dists = runner_dists()
+    versions = "-".join(f"{d}{metadata.version(d)}" for d in dists)
     target = cache / f"runner-{versions}.zip"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    # a name of its own per writer: two processes or threads may build it at once, the last rename wins
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".")
+    os.close(fd)
+    tmp = Path(name)
     sources: dict[str, bytes] = {"gymloop_report.py": REPORT_PLUGIN.encode()}
-    for name in runner_dists():
+    for name in dists:
         dist = metadata.distribution(name)
         for f in dist.files or []:
             src = Path(dist.locate_file(f))

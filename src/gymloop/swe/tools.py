@@ -131,9 +131,8 @@ def edit(ws: Workspace, path: str, old: str, new: str) -> dict:
     return {"path": path, "ok": True}
 
 
-TOOLS: dict[str, Callable[..., dict]] = {"list_files": list_files, "read_file": read_file, "search": search, "edit": edit}
 # run_tests and submit need the episode (the sandbox, the task's tests): the environment runs them
-EPISODE_TOOLS = ("run_tests", "submit")
+TOOLS: dict[str, Callable[..., dict]] = {"list_files": list_files, "read_file": read_file, "search": search, "edit": edit}
 
 
 def call_tool(ws: Workspace, name: str, arguments: dict) -> dict:
