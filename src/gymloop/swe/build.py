@@ -190,7 +190,10 @@ def build_all(cache: Path, *, projects: list[str] | None = None, per_project: in
     bar.close()
     out = out or cache / "tasks.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dump_instances(instances))
+    # written whole, then renamed over the old file: a crash never leaves a half-written task file
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(dump_instances(instances))
+    tmp.replace(out)
     (out.parent / "build_report.json").write_text(json.dumps([{**r.__dict__, "rejected": dict(r.rejected)}
                                                               for r in reports], indent=1))
     return instances, reports
