@@ -87,7 +87,7 @@ def sft_steps(rounds: int) -> dict[str, list[float]]:
     from gymloop.finetune import methods as fm
     from gymloop.models.checkpoint import load_model
     from gymloop.trainer.logprobs import CompletionLogprobs
-    from gymloop.trainer.trainer import optimizer_step
+    from gymloop.trainer.optim import optimizer_step
 
     model, tok = load_model(resolve_model("nano", progress=False))
     data = [{"messages": prompt(p, None) + [{"role": "assistant", "content": c}]} for p, c, _ in rows(16 * 40)]
@@ -114,6 +114,7 @@ def grpo_steps(rounds: int) -> dict[str, list[float]]:
     from gymloop.models.checkpoint import load_model
     from gymloop.rollout.episodes import collect
     from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+    from gymloop.trainer.objectives import PolicyObjective
 
     model, tok = load_model(resolve_model("nano", progress=False))
     env = ArithEnv()
@@ -128,7 +129,7 @@ def grpo_steps(rounds: int) -> dict[str, list[float]]:
         for m in layers:
             m.__class__ = gemm.RoutedLinear if name == "onednn" else torch.nn.Linear
 
-    return alternate(lambda i: trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0), rounds,
+    return alternate(lambda i: trainer.step(batch, PolicyObjective(PolicyLoss(), adv.advantages)), rounds,
                      per_round=3, switch=switch)
 
 

@@ -40,6 +40,7 @@ def _rank(rank: int, port: int, fsdp: bool, args, out) -> None:
     from gymloop.trainer import sharding
     from gymloop.trainer.logprobs import make_batch
     from gymloop.trainer.trainer import Trainer
+    from gymloop.trainer.objectives import PolicyObjective
 
     from weight_sync_bench import smollm_shaped
 
@@ -57,7 +58,7 @@ def _rank(rank: int, port: int, fsdp: bool, args, out) -> None:
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        trainer.step(batch, adv, PolicyLoss(clip_high=0.2), temperature=1.0)
+        trainer.step(batch, PolicyObjective(PolicyLoss(clip_high=0.2), adv))
         times.append(time.perf_counter() - t0)
     params = list(model.parameters())
     state = {

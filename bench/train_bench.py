@@ -20,6 +20,7 @@ from gymloop.envs import ArithEnv
 from gymloop.rollout.episodes import collect
 from gymloop.algorithms import PolicyLoss, advantages_for
 from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+from gymloop.trainer.objectives import PolicyObjective
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
         trainer = Trainer(model, lr=1e-9)  # tiny lr: measure speed without drifting far
 
         def step():
-            trainer.step(batch, adv.advantages, PolicyLoss(), temperature=1.0)
+            trainer.step(batch, PolicyObjective(PolicyLoss(), adv.advantages))
 
         sec = common.median_time(step, args.repeats)
         gflops = 6 * n_params * tokens / sec / 1e9

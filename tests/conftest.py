@@ -102,7 +102,7 @@ def digit_cfg(tmp_path, tiny_model_dir, **grpo):
 def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
     """A loop config on the digit task (register DigitEnv as "digit" first); `over` replaces
     top-level fields, `grpo` is merged into the GRPO settings."""
-    from gymloop.loop.rounds import LoopConfig
+    from gymloop.loop.config import LoopConfig
 
     return LoopConfig.model_validate({
         "model": str(model_dir), "store": str(root / "loop.db"), "run_dir": str(root / "runs"),

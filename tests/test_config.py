@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gymloop.config import ClusterConfig, load_config
-from gymloop.loop.rounds import LoopConfig
+from gymloop.loop.config import LoopConfig
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 

@@ -14,6 +14,7 @@ import torch
 from gymloop.algorithms import LOSSES, PolicyLoss
 from gymloop.trainer.logprobs import make_batch, token_logprobs
 from gymloop.trainer.trainer import Trainer
+from gymloop.trainer.objectives import PolicyObjective
 
 from conftest import tiny_llama
 
@@ -54,7 +55,7 @@ def run_steps(model, seqs, masks, adv, rank: int = 0, world: int = 1, loss: Poli
     trainer = Trainer(model, lr=5e-3, max_grad_norm=0.5)
     losses = []
     for _ in range(STEPS):
-        m = trainer.step(batch, adv[rows], loss, temperature=1.0)
+        m = trainer.step(batch, PolicyObjective(loss, adv[rows]))
         value = torch.tensor(m["loss"])
         if world > 1:
             torch.distributed.all_reduce(value)  # each rank's loss is its share of the global mean

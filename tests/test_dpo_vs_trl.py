@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:Futu
 datasets = pytest.importorskip("datasets")
 
 from gymloop.algorithms.dpo import DPOLoss, sequence_logps  # noqa: E402
-from gymloop.finetune.methods import Examples, completion_example  # noqa: E402
+from gymloop.finetune.examples import Examples, completion_example  # noqa: E402
 from gymloop.trainer.logprobs import token_logprobs  # noqa: E402
 
 

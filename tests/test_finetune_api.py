@@ -231,7 +231,7 @@ def test_a_lora_job_saves_a_peft_adapter_that_hugging_face_loads(client, server,
     adapter = download(server, done.id, last.id, "adapter", tmp_path)
     merged = download(server, done.id, last.id, "merged", tmp_path)
     assert {p.name for p in adapter.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
-    assert not {"ft_state.pt", "adapter"} & {p.name for p in merged.iterdir()}
+    assert not {"train_state.pt", "adapter"} & {p.name for p in merged.iterdir()}
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     ids = torch.tensor([[1, 5, 9, 12, 3]])
     with torch.no_grad():

@@ -52,9 +52,10 @@ def test_a_trainer_step_on_gpu_is_the_cpu_step(tok):
         batch.old_logp = token_logprobs(cpu, batch) * batch.loss_mask
     adv = torch.tensor([1.0, -0.5, -0.5])
     from gymloop.algorithms import PolicyLoss
+    from gymloop.trainer.objectives import PolicyObjective
 
-    a = Trainer(cpu, lr=1e-3).step(batch, adv, PolicyLoss(), temperature=1.0)
-    b = Trainer(gpu, lr=1e-3).step(batch, adv, PolicyLoss(), temperature=1.0)       # the batch arrives on the CPU
+    a = Trainer(cpu, lr=1e-3).step(batch, PolicyObjective(PolicyLoss(), adv))
+    b = Trainer(gpu, lr=1e-3).step(batch, PolicyObjective(PolicyLoss(), adv))       # the batch arrives on the CPU
     assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
     worst = max((x - y.cpu()).abs().max().item() for x, y in zip(cpu.state_dict().values(), gpu.state_dict().values()))
     assert worst <= 1e-5, worst

@@ -3,6 +3,7 @@ name of `gymloop.__all__` imports."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import gymloop
@@ -61,3 +62,94 @@ def test_no_cycle_between_packages():
 def test_every_public_name_imports():
     for name in gymloop.__all__:
         assert getattr(gymloop, name) is not None, name
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """module -> the modules of its own package it imports ("finetune.methods" -> {"finetune.job"}),
+    lazily or not; a package's __init__ is left out (it re-exports its modules by design)."""
+    edges: dict[str, set[str]] = {}
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT).with_suffix("")
+        if len(rel.parts) < 2 or rel.parts[-1] == "__init__":
+            continue
+        here, pkg = ".".join(rel.parts), ".".join(rel.parts[:-1])
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = list(rel.parts[:len(rel.parts) - node.level])
+            elif node.module and node.module.startswith("gymloop."):
+                base = []
+            else:
+                continue
+            mod = base + (node.module.split(".") if node.module else [])
+            if mod[:1] == ["gymloop"]:
+                mod = mod[1:]
+            for target in ([".".join(mod + [a.name]) for a in node.names] + [".".join(mod)]):
+                if target.rsplit(".", 1)[0] == pkg and target != here and (ROOT / (target.replace(".", "/") + ".py")).exists():
+                    edges.setdefault(here, set()).add(target)
+    return edges
+
+
+def test_no_cycle_between_modules_inside_a_package():
+    edges = _module_imports()
+    assert "finetune.job" in edges["finetune.methods"]        # the graph is read
+    assert _cycles(edges) == []
+
+
+# The functions still over the limit: serve's app and routes, which become FastAPI routers over
+# one services object (issue 28's last part). The list must stay exact: a new long function
+# fails, and so does one of these once it is split (then it leaves the list).
+STILL_LONG = {"serve/app.py:create_app", "serve/app.py:chat", "serve/fine_tuning.py:add_routes"}
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_over_80_lines():
+    long = {}
+    for f in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{f.relative_to(ROOT)}:{node.name}"] = n
+    assert set(long) == STILL_LONG, long
+
+
+def _calls(name: str) -> list[str]:
+    """Files (relative to the package) that call `name(...)` or `x.name(...)`."""
+    out = []
+    for f in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                called = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+                if called == name:
+                    out.append(str(f.relative_to(ROOT)))
+    return out
+
+
+def test_only_accounting_makes_ledger_rows_and_the_store_takes_nothing_else(tmp_path):
+    from gymloop.accounting.rows import LedgerRow
+    from gymloop.store import Store
+
+    makers = set(_calls("LedgerRow"))
+    assert makers and all(m.startswith("accounting/") for m in makers), makers
+    store = Store(tmp_path / "s.db")
+    store.add_ledger(LedgerRow("serving", 1.5, dollars=0.25, served_tokens=3))
+    assert [(r["phase"], r["seconds"], r["served_tokens"]) for r in store.ledger_rows()] == [("serving", 1.5, 3)]
+    import pytest
+
+    with pytest.raises(TypeError, match="LedgerRow"):
+        store.add_ledger({"phase": "serving", "seconds": 1.0})
+    assert len(store.ledger_rows()) == 1
+
+
+SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX))\b", re.I)
+
+
+def test_only_the_store_holds_sql():
+    assert SQL.search("SELECT id FROM traces") and SQL.search("insert into ledger")     # the pattern matches SQL
+    outside = [str(f.relative_to(ROOT)) for f in ROOT.rglob("*.py")
+               if not f.relative_to(ROOT).parts[0].startswith("store")
+               and (SQL.search(f.read_text()) or re.search(r"^\s*import sqlite3|psycopg", f.read_text(), re.M))]
+    assert outside == []

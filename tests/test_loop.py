@@ -10,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from gymloop.loop.gate import GateConfig, gate
-from gymloop.loop.rounds import LoopConfig, run_loop
+from gymloop.loop.config import GateConfig, LoopConfig
+from gymloop.loop.gate import gate
+from gymloop.loop.rounds import run_loop
 from gymloop.store import Store
 
 from conftest import DigitEnv, digit_loop_cfg, use_env

@@ -11,6 +11,7 @@ from gymloop.models.parameters import count_parameters, moe_blocks
 from gymloop.models.routing import routers, routing
 from gymloop.trainer.logprobs import make_batch, token_logprobs
 from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+from gymloop.trainer.objectives import PolicyObjective
 
 
 def tiny_moe(vocab: int, seed: int = 0, experts: int = 4, top_k: int = 2):
@@ -120,11 +121,11 @@ def test_a_trainer_step_adds_the_router_aux_loss_and_moves_the_router(tok):
     model = tiny_moe(tok.vocab_size)
     _, _, _, batch = _sample(model, tok, record=False)
     before = [r.weight.detach().clone() for r in routers(model)]
-    m = Trainer(model, lr=1e-2).step(batch, torch.tensor([1.0, -1.0, 0.5]), PolicyLoss(), temperature=1.0)
+    m = Trainer(model, lr=1e-2).step(batch, PolicyObjective(PolicyLoss(), torch.tensor([1.0, -1.0, 0.5])))
     assert m["router_aux_loss"] > 0
     assert all(not torch.equal(b, r.weight) for b, r in zip(before, routers(model)))
     dense = Trainer(__import__("conftest").tiny_llama(tok.vocab_size), lr=1e-2)
-    assert "router_aux_loss" not in dense.step(batch, torch.tensor([1.0, -1.0, 0.5]), PolicyLoss(), temperature=1.0)
+    assert "router_aux_loss" not in dense.step(batch, PolicyObjective(PolicyLoss(), torch.tensor([1.0, -1.0, 0.5])))
 
 
 def test_nano_moe_trains_end_to_end_with_router_replay(tmp_path, digit_env):

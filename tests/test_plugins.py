@@ -194,7 +194,7 @@ def test_a_loop_says_when_its_environment_cannot_rebuild_production_tasks(tmp_pa
     from conftest import DigitEnv, use_env
 
     from gymloop.loop.curriculum import curriculum
-    from gymloop.loop.rounds import LoopConfig
+    from gymloop.loop.config import LoopConfig
     from gymloop.store import Store
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())

@@ -17,6 +17,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="pip install 'gymloop[ray]' (make test installs it)")
 
 from gymloop.algorithms import PolicyLoss  # noqa: E402
+from gymloop.trainer.objectives import PolicyObjective  # noqa: E402
 from gymloop.config import ClusterConfig, TrainConfig  # noqa: E402
 from gymloop.envs import Score  # noqa: E402
 from gymloop.tracking.run_dir import read_metrics  # noqa: E402
@@ -207,7 +208,7 @@ def _same_curve_and_weights(driver: dict, actors: dict, tiny_model_dir) -> None:
     worst = max((a - b).abs().max().item() for a, b in zip(m0.state_dict().values(), m2.state_dict().values()))
     assert moved > 5e-3 and worst <= 1e-3, (moved, worst)     # under one Adam step (lr 1e-3) apart
     # the optimizer state comes back whole: the driver's trainer would resume from either file
-    saved = [torch.load(Path(r["run_dir"]) / "checkpoint" / "trainer_state.pt", weights_only=True)["opt"]
+    saved = [torch.load(Path(r["run_dir"]) / "checkpoint" / "train_state.pt", weights_only=True)["opt"]
              for r in (driver, actors)]
     assert saved[0]["param_groups"][0]["params"] == saved[1]["param_groups"][0]["params"]
     assert max((saved[0]["state"][i]["exp_avg"] - saved[1]["state"][i]["exp_avg"]).abs().max().item()
@@ -231,7 +232,7 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
         seqs = [[5, 6, 7, 8], [5, 6, 9], [7, 7, 7, 7, 7]]                      # 3 rows, 2 ranks, 3 minibatches
         batch = make_batch(seqs, [[0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]], None, tok.pad_token_id)
         adv = torch.tensor([1.0, -1.0, 0.5])
-        m = group.step(batch, adv, PolicyLoss(clip_high=0.2, beta=0.1), temperature=1.0, minibatches=3)
+        m = group.step(batch, PolicyObjective(PolicyLoss(clip_high=0.2, beta=0.1), adv), minibatches=3)
         assert group.step_count == 3 and m["grad_norm"] > 0 and m["kl_ref"] > 0
         group.save_state(tmp_path / "ckpt")
     finally:
@@ -241,7 +242,7 @@ def test_trainer_actors_resume_optimizer_state_and_short_ranks_do_not_hang(tmp_p
         again.load_state(tmp_path / "ckpt")
         assert again.step_count == 3
         again.save_state(tmp_path / "again")             # what was loaded is what is saved
-        a, b = (torch.load(tmp_path / d / "trainer_state.pt", weights_only=True)["opt"]["state"] for d in ("ckpt", "again"))
+        a, b = (torch.load(tmp_path / d / "train_state.pt", weights_only=True)["opt"]["state"] for d in ("ckpt", "again"))
         assert a.keys() == b.keys() and all(torch.equal(a[i]["exp_avg_sq"], b[i]["exp_avg_sq"]) for i in a)
     finally:
         again.close()
@@ -263,7 +264,7 @@ def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_
         batch = make_batch([[5, 6, 7], [5, 6, 9]], [[0, 1, 1], [0, 1, 1]], None, tok.pad_token_id)
         t0 = time.monotonic()
         with pytest.raises(ClusterError, match="trainer actor"):
-            group.step(batch, torch.tensor([1.0, -1.0]), PolicyLoss(), temperature=1.0)
+            group.step(batch, PolicyObjective(PolicyLoss(), torch.tensor([1.0, -1.0])))
         assert time.monotonic() - t0 < 30
     finally:
         group.close()

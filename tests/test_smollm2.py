@@ -47,6 +47,7 @@ def test_grpo_step_end_to_end_on_cpu(smol):
     from gymloop.rollout.episodes import collect
     from gymloop.algorithms import PolicyLoss, advantages_for
     from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+    from gymloop.trainer.objectives import PolicyObjective
 
     model, tok = smol
     env = make_env("arith")
@@ -56,8 +57,8 @@ def test_grpo_step_end_to_end_on_cpu(smol):
     assert stats.generated_tokens > 0 and all(r.ok for r in rolls)
     adv = advantages_for(rolls, 4, "grpo", drop_zero_signal=False)
     before = model.lm_head.weight.detach().clone()
-    m = Trainer(model, lr=1e-5).step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages,
-                                     PolicyLoss(), temperature=1.0)
+    m = Trainer(model, lr=1e-5).step(rollouts_to_batch(adv.rollouts, tok.pad_token_id),
+                                     PolicyObjective(PolicyLoss(), adv.advantages))
     assert torch.isfinite(torch.tensor(m["loss"])) and m["ratio_max"] < 1.01
     if adv.advantages.abs().sum() > 0:
         assert not torch.equal(before, model.lm_head.weight)

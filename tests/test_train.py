@@ -15,6 +15,7 @@ from gymloop.envs import REGISTRY, Score, Task  # noqa: F401
 from gymloop.rollout.episodes import collect
 from gymloop.algorithms import PolicyLoss, advantages_for
 from gymloop.trainer.trainer import Trainer, rollouts_to_batch
+from gymloop.trainer.objectives import PolicyObjective
 
 from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
 
@@ -32,8 +33,7 @@ def test_short_rl_run_learns_easy_task(tok):
         rewards.append(sum(r.reward for r in rolls) / len(rolls))
         adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=True)
         if adv.rollouts:
-            trainer.step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), adv.advantages, PolicyLoss(),
-                         temperature=1.0)
+            trainer.step(rollouts_to_batch(adv.rollouts, tok.pad_token_id), PolicyObjective(PolicyLoss(), adv.advantages))
         engine.load_weights(model.state_dict(), version=step + 1)
         if sum(rewards[-3:]) / 3 >= 0.9:
             break
@@ -132,7 +132,7 @@ def test_bad_config_is_a_clear_error(tmp_path, data, needle):
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    from gymloop.trainer.trainer import lr_factor
+    from gymloop.trainer.optim import lr_factor
 
     const = [lr_factor(s, warmup_steps=4, decay_steps=None, min_ratio=0.1) for s in range(12)]
     assert const[:5] == [0.2, 0.4, 0.6, 0.8, 1.0] and set(const[4:]) == {1.0}
@@ -147,7 +147,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 def test_a_fused_optimizer_clips_inside_its_step_as_clip_grad_norm_does(tok, max_norm):
     """optimizer_step folds clipping into a fused AdamW's update (its grad_scale): the same
     parameters and gradient norms as clip_grad_norm_ then the unfused AdamW, step after step."""
-    from gymloop.trainer.trainer import optimizer_step
+    from gymloop.trainer.optim import optimizer_step
 
     runs = []
     for fused in (False, True):
@@ -355,7 +355,7 @@ def test_grpo_with_lora_trains_only_adapters_and_saves_merged_and_adapter(tmp_pa
     s = train(cfg, progress=False, echo=lambda m: None)
     assert s["final"]["pass1"] >= s["base"]["pass1"] + 0.3, (s["base"], s["final"])
     ckpt = Path(s["run_dir"]) / "checkpoint"
-    assert (ckpt / "adapter" / "adapter_config.json").exists() and (ckpt / "trainer_state.pt").exists()
+    assert (ckpt / "adapter" / "adapter_config.json").exists() and (ckpt / "train_state.pt").exists()
     base, _ = load_model(tiny_model_dir)
     merged, _ = load_model(ckpt)
     changed = {n for n, p in merged.named_parameters() if not torch.equal(p, dict(base.named_parameters())[n])}

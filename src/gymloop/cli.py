@@ -131,13 +131,14 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .orchestrator.train import train
+    from .orchestrator.train import latest_checkpoint, train
 
     import torch
 
-    cfg = load_config(args.config)
-    if args.run_dir:
-        cfg.run_dir = args.run_dir
+    overrides = {"run_dir": args.run_dir} if args.run_dir else {}
+    if args.resume:
+        overrides["resume_from"] = str(latest_checkpoint(args.resume))
+    cfg = load_config(args.config, overrides)
     torch.set_num_threads(cfg.threads)
     summary = train(cfg, progress=not args.quiet)
     print(before_after_table(summary))
@@ -219,7 +220,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .loop.rounds import LoopConfig, run_loop
+    from .loop.config import LoopConfig
+    from .loop.rounds import run_loop
 
     cfg = load_config(args.config, model=LoopConfig)
     import torch
@@ -377,10 +379,8 @@ def cmd_swe(args: argparse.Namespace) -> int:
     return 0 if verdict.error is None else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _learning_commands(sub) -> None:
+    """demo, pretrain, train, eval: learning on one machine."""
     d = sub.add_parser("demo", help="chapter 1: GRPO on arithmetic, before/after; chapter 2: the continuous "
                        "loop (serve, production traffic, rounds, a tool-API drift, recovery)")
     d.add_argument("--run-dir", default="runs")
@@ -405,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run GRPO from a YAML config")
     t.add_argument("config")
     t.add_argument("--run-dir", default=None)
+    t.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue an interrupted run (written with checkpoint_every > 0) from its newest "
+                        "checkpoint, into a new run directory; it ends where the uninterrupted run would")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 
@@ -422,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
 
+
+def _serving_commands(sub) -> None:
+    """serve, worker, run: the API, its job worker and the continuous loop."""
     def _add_serving_args(p: argparse.ArgumentParser) -> None:
         """What `serve` and `worker` share: a worker beside a server takes the same values."""
         p.add_argument("--model", default="nano")
@@ -455,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--quiet", action="store_true")
     rn.set_defaults(fn=cmd_run)
 
+
+def _store_commands(sub) -> None:
+    """models, rollback, traces, algorithms, report: what a store and a run hold."""
     mv = sub.add_parser("models", help="model versions in a store")
     mvs = mv.add_subparsers(dest="models_command", required=True)
     ml = mvs.add_parser("list", help="every version with its status")
@@ -486,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run_dir")
     rp.set_defaults(fn=cmd_report)
 
+
+def _environment_commands(sub) -> None:
+    """envs, swe, sandbox: environments, real repositories, the sandbox."""
     ev = sub.add_parser("envs", help="list, validate and load environments' tasks")
     evs = ev.add_subparsers(dest="envs_command", required=True)
     evs.add_parser("list", help="the registered environments").set_defaults(fn=cmd_envs)
@@ -534,6 +546,16 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--cpus", type=int, default=None, help="pin to this many cores")
     sr.add_argument("--isolation", choices=["bwrap", "none"], default="bwrap")
     sr.set_defaults(fn=cmd_sandbox_run)
+
+
+COMMAND_GROUPS = (_learning_commands, _serving_commands, _store_commands, _environment_commands)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gymloop", description="Continuous post-training of agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in COMMAND_GROUPS:
+        add(sub)
     return p
 
 

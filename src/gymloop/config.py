@@ -251,11 +251,26 @@ class RunBlocks(_Strict):
 class TrainConfig(RunBlocks):
     """`gymloop train CONFIG.yaml`."""
 
+    @model_validator(mode="after")
+    def _resumable(self) -> "TrainConfig":
+        if self.resume_from and (self.grpo.max_staleness or self.cluster.backend == "ray" or self.cluster.trainers):
+            raise ValueError("resume_from continues a synchronous local run (grpo.max_staleness 0, no Ray): "
+                             "an asynchronous collector's draws depend on timing, so they cannot be replayed")
+        return self
+
     stop_at_pass1: float | None = Field(
         None, gt=0, le=1, description="Stop once held-out pass@1 reaches this value (benchmarks)."
     )
     init_trainer_state: str | None = Field(
-        None, description="A checkpoint directory whose optimizer state to resume (continuous training).")
+        None, description="A checkpoint directory whose optimizer state this new run continues (a loop's next "
+        "round); its steps, seeds and clocks start afresh.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Steps between checkpoints of the run (checkpoint/ in its run directory, "
+        "model and train_state.pt) that `resume_from` continues after a crash; 0: only at the end.")
+    resume_from: str | None = Field(
+        None, description="A checkpoint of an interrupted run with this config: the run goes on from the "
+        "step after it and draws what the uninterrupted run would have (a synchronous local run "
+        "ends at the same weights). `gymloop train CONFIG --resume RUN_DIR` sets it.")
     init_adapter: str | None = Field(
         None, description="grpo.lora: a LoRA adapter directory (a checkpoint's adapter/) to continue training, "
         "on `model` as its base.")

@@ -6,6 +6,7 @@ disk. Rollout token arrays may live in files next to the database; the tables ho
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import sqlite3
@@ -15,7 +16,9 @@ import uuid
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+from .accounting.rows import LedgerRow
 
 # Each migration moves the schema one version up; never edit one that has shipped.
 MIGRATIONS: list[str] = [
@@ -338,13 +341,13 @@ class Store:
         return [_row(r, ("metrics",)) for r in rows]
 
     def commit_round(self, run_id: str, round: int, *, path: str, parent: int | None, status: str,
-                     scores: dict, metrics: dict, started: float, ledger: list[dict] = (),
+                     scores: dict, metrics: dict, started: float, ledger: Sequence[LedgerRow] = (),
                      finished: float | None = None) -> int:
         """Register the round's candidate, the round and its ledger rows in one transaction.
 
         A crash before this call loses nothing committed (the round is redone, and its costs are
         counted once, with it); after it, the round exists exactly once (the primary key refuses a
-        second commit). `ledger`: rows {phase, seconds, dollars, flops, *_tokens}.
+        second commit). `ledger`: the round's rows (accounting/rows.py), filed under this round.
         """
         with self.tx() as c:
             cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
@@ -354,7 +357,7 @@ class Store:
                       (run_id, round, status, started, time.time() if finished is None else finished,
                        json.dumps({**metrics, "version": version})))
             for row in ledger:
-                self._insert_ledger(c, run_id=run_id, round=round, **row)
+                self._insert_ledger(c, dataclasses.replace(row, run_id=run_id, round=round))
         return version
 
     def stats(self) -> dict:
@@ -390,23 +393,21 @@ class Store:
         return None if row is None else _row(row, ("scores",))
 
     # --- ledger --------------------------------------------------------------------------------
-    def add_ledger(self, phase: str, seconds: float, *, run_id: str | None = None, round: int | None = None,
-                   device_seconds: float | None = None, dollars: float = 0.0, flops: float = 0.0,
-                   **tokens: int) -> None:
+    def add_ledger(self, row: LedgerRow) -> None:
         with self.tx() as c:
-            self._insert_ledger(c, phase=phase, seconds=seconds, run_id=run_id, round=round,
-                                device_seconds=device_seconds, dollars=dollars, flops=flops, **tokens)
+            self._insert_ledger(c, row)
 
     @staticmethod
-    def _insert_ledger(c: sqlite3.Connection, *, phase: str, seconds: float, run_id: str | None = None,
-                       round: int | None = None, device_seconds: float | None = None, dollars: float = 0.0,
-                       flops: float = 0.0, prompt_tokens: int = 0, generated_tokens: int = 0,
-                       trained_tokens: int = 0, served_tokens: int = 0) -> None:
+    def _insert_ledger(c: sqlite3.Connection, row: LedgerRow) -> None:
+        # accounting/rows.py prices every row; a dict here would be a second writer's
+        if not isinstance(row, LedgerRow):
+            raise TypeError(f"ledger rows are accounting.rows.LedgerRow, made by gymloop.accounting; got {type(row).__name__}")
         c.execute("INSERT INTO ledger (run_id, round, phase, seconds, device_seconds, prompt_tokens, "
                   "generated_tokens, trained_tokens, served_tokens, flops, dollars, created) "
                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                  (run_id, round, phase, seconds, seconds if device_seconds is None else device_seconds,
-                   prompt_tokens, generated_tokens, trained_tokens, served_tokens, flops, dollars, time.time()))
+                  (row.run_id, row.round, row.phase, row.seconds,
+                   row.seconds if row.device_seconds is None else row.device_seconds, row.prompt_tokens,
+                   row.generated_tokens, row.trained_tokens, row.served_tokens, row.flops, row.dollars, time.time()))
 
     def round_costs(self, run_id: str) -> dict[int, dict[str, dict]]:
         """{round: {phase: {seconds, dollars, flops, *_tokens}}} of a loop's committed rounds."""
@@ -490,7 +491,7 @@ class Store:
         return rows, more
 
     def update_job(self, job_id: str, *, event: tuple[str, str, str, dict] | None = None,
-                   when_status: tuple[str, ...] | None = None, ledger: dict | None = None, **fields: Any) -> bool:
+                   when_status: tuple[str, ...] | None = None, ledger: LedgerRow | None = None, **fields: Any) -> bool:
         """Set fields of a job (and add an event: level, message, type, data, and a ledger row) in
         one transaction; with `when_status`, only if the job's status is one of those. Returns
         whether it changed (a ledger row is written only then: a job's cost is counted once)."""
@@ -506,7 +507,7 @@ class Store:
             if changed and event is not None:
                 self._insert_event(c, job_id, *event)
             if changed and ledger is not None:
-                self._insert_ledger(c, **ledger)
+                self._insert_ledger(c, ledger)
         return changed
 
     def fine_tuned_model(self, tenant: str, model_id: str) -> str | None:

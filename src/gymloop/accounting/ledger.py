@@ -95,6 +95,13 @@ class Ledger:
     def dollars(self, seconds: float) -> float:
         return self.profile.dollars(seconds)
 
+    def state(self) -> dict[str, dict]:
+        """The totals so far, by phase (saved with a checkpoint; `restore` takes them back)."""
+        return {p: asdict(e) for p, e in self.entries.items()}
+
+    def restore(self, state: dict[str, dict]) -> None:
+        self.entries = {p: Entry(**e) for p, e in state.items()}
+
     def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...],
                 generation_seconds: float | None = None) -> dict:
         """Costs by phase, cost per 1M generated tokens, intelligence per dollar, projections.

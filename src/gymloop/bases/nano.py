@@ -37,7 +37,7 @@ from ..models.chat import ChatTokenizer, build_char_tokenizer, nano_hf_tokenizer
 from ..envs import make_env, play
 from ..models.parameters import count_parameters
 from ..trainer.logprobs import logprobs_and_aux, make_batch
-from ..trainer.trainer import optimizer_step
+from ..trainer.optim import OptimSpec, build_optimizer, optimizer_step
 from ..tracking.progress import progress as progress_bar
 from ..models.cache import default_cache_dir
 
@@ -206,11 +206,10 @@ def corpus_batch(envs: list, tok: ChatTokenizer, rng: random.Random, n: int, los
     return make_batch(seqs, masks, None, tok.pad_token_id)
 
 
-def _lr_lambda(cfg: NanoConfig):
-    from ..trainer.trainer import lr_factor
-
+def _optim(cfg: NanoConfig) -> OptimSpec:
     decay = cfg.steps if cfg.lr_schedule == "cosine" else None
-    return functools.partial(lr_factor, warmup_steps=cfg.warmup_steps, decay_steps=decay, min_ratio=0.0)
+    return OptimSpec(lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01, warmup_steps=cfg.warmup_steps,
+                     decay_steps=decay, min_lr_ratio=0.0)
 
 
 def probe_score(model: torch.nn.Module, tok: ChatTokenizer, env, tasks: list, spec: ProbeSpec) -> float:
@@ -233,8 +232,7 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
     probe_tasks = probe_env.sample_tasks(cfg.probe.tasks, "train", seed=cfg.seed + 7_919)
     exclude = frozenset(t.id for t in probe_tasks) if cfg.target_pass1 is not None else frozenset()
     rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    opt, sched = build_optimizer(model.parameters(), _optim(cfg))
     t0, losses, curve = time.perf_counter(), [], []
     bar = progress_bar(range(1, cfg.steps + 1), "pretrain nano", progress)
     step = 0

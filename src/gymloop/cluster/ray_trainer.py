@@ -3,7 +3,7 @@ GPUs), each with the model and its optimizer, or 1/N of them with `fsdp` (shardi
 driver routes batches and never holds a gradient.
 
     group = TrainerGroup(model, trainer_kwargs, cluster_cfg, threads)
-    metrics = group.step(batch, advantages, loss, temperature=1.0)  # rows split across the ranks
+    metrics = group.step(batch, PolicyObjective(loss, advantages))  # rows split across the ranks
     source.set_weights(group.publish(version))            # rank 0 puts its buckets in the store
     model.load_state_dict(group.state_dict())             # the weights, back in the driver
 
@@ -16,6 +16,7 @@ than `step_timeout_s`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import socket
 from datetime import timedelta
 
@@ -25,8 +26,9 @@ from ..trainer import sharding
 from ..engine.device import to_gpu
 from ..config import ClusterConfig
 from ..trainer.logprobs import TokenBatch
-from ..algorithms.losses import PolicyLoss
-from ..trainer.trainer import Trainer, read_state, write_state
+from ..trainer.objectives import PolicyObjective
+from ..trainer.state import read_state, write_state
+from ..trainer.trainer import Trainer
 from ..sync.buckets import unpack
 from .ray_backend import ClusterError, Published, put_weights
 
@@ -74,8 +76,8 @@ class TrainerRank:
         self.trainer = Trainer(self.model, **kwargs)
         return rank
 
-    def step(self, batch: TokenBatch, advantages: torch.Tensor, loss: PolicyLoss, kwargs: dict) -> tuple[dict, int]:
-        return self.trainer.step(batch, advantages, loss, **kwargs), self.trainer.step_count
+    def step(self, batch: TokenBatch, objective: PolicyObjective, kwargs: dict) -> tuple[dict, int]:
+        return self.trainer.step(batch, objective, **kwargs), self.trainer.step_count
 
     def publish(self, version: int, bucket_bytes: int) -> Published | None:
         """Rank 0 puts the weights in the object store. Under FSDP every rank is called, since
@@ -87,8 +89,8 @@ class TrainerRank:
         state = self.trainer.state()
         return state if self.rank == 0 else None
 
-    def set_state(self, state: dict) -> int:
-        self.trainer.set_state(state)
+    def set_state(self, state: dict, rng: bool) -> int:
+        self.trainer.set_state(state, rng)
         return self.trainer.step_count
 
     def leave(self) -> None:
@@ -163,11 +165,11 @@ class TrainerGroup:
         except ray.exceptions.RayTaskError as exc:      # e.g. a collective whose peer is gone
             raise ClusterError(f"{what} failed on a trainer actor: {exc.cause!r}") from None
 
-    def step(self, batch: TokenBatch, advantages: torch.Tensor, loss: PolicyLoss, **kwargs) -> dict:
-        """Trainer.step on `world` ranks; batch [N, L], advantages [N]."""
-        shards = shard_batch(batch, advantages, self.world, kwargs.get("minibatches", 1))
-        got = self._get([a.step.remote(b, adv, loss, kwargs) for a, (b, adv) in zip(self.ranks, shards)],
-                        "a training step")
+    def step(self, batch: TokenBatch, objective: PolicyObjective, **kwargs) -> dict:
+        """Trainer.step on `world` ranks; batch [N, L], the objective's advantages [N] split with its rows."""
+        shards = shard_batch(batch, objective.advantages, self.world, kwargs.get("minibatches", 1))
+        got = self._get([a.step.remote(b, dataclasses.replace(objective, advantages=adv), kwargs)
+                         for a, (b, adv) in zip(self.ranks, shards)], "a training step")
         self.step_count = got[0][1]
         return merge_metrics([m for m, _ in got])
 
@@ -181,12 +183,15 @@ class TrainerGroup:
         _, layout, refs = self.publish(-1)
         return {k: v.clone() for k, v in unpack(self._get(refs, "fetching weights"), layout).items()}
 
-    def save_state(self, path) -> None:
-        write_state(path, self._get([a.state.remote() for a in self._gather], "fetching the optimizer state")[0])
+    def save_state(self, path, run: dict | None = None) -> None:
+        state = self._get([a.state.remote() for a in self._gather], "fetching the optimizer state")[0]
+        write_state(path, {**state, "run": run or {}})
 
-    def load_state(self, path) -> None:
+    def load_state(self, path, rng: bool = False) -> dict:
         state = read_state(path)
-        self.step_count = self._get([a.set_state.remote(state) for a in self.ranks], "loading the optimizer state")[0]
+        self.step_count = self._get([a.set_state.remote(state, rng) for a in self.ranks],
+                                    "loading the optimizer state")[0]
+        return state["run"]
 
     def close(self) -> None:
         import ray

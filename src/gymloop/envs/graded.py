@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .base import Environment, Message, Score, Split, Task
 from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, uses_python, validate
@@ -30,10 +30,15 @@ class GradedConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="Reinforcement JSONL file: prompts and the fields graders read.")
+    path: str | None = Field(None, description="Reinforcement JSONL file: prompts and the fields graders read.")
+    rows: list[dict[str, Any]] | None = Field(None, description="The same rows in memory, instead of `path` (a "
+                                              "fine-tuning job's, checked when its file was uploaded).")
     grader: dict[str, Any] = Field(description="The grader (string_check, text_similarity, python, score_model, "
                                    "multi), as the fine-tuning API takes it.")
     heldout_path: str | None = Field(None, description="Held-out prompts (default: the training ones).")
+    heldout_rows: list[dict[str, Any]] | None = Field(None, description="Held-out rows in memory, instead of "
+                                                      "`heldout_path`.")
+    label: str | None = Field(None, description="The environment's name is graded:LABEL (default: the file's stem, or 'rows').")
     timeout_s: float = Field(10.0, gt=0, description="python graders: sandbox wall-clock limit per reply.")
     sandbox_slots: int = Field(2, ge=1, description="python graders: replies graded at once.")
 
@@ -45,6 +50,22 @@ class GradedConfig(BaseModel):
         except GraderError as exc:
             raise ValueError(f"grader: {exc}") from None
         return g
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "GradedConfig":
+        if (self.path is None) == (self.rows is None):
+            raise ValueError("give the prompts as `path` (a JSONL file) or as `rows`, not both or neither")
+        if self.heldout_path is not None and self.heldout_rows is not None:
+            raise ValueError("give held-out prompts as `heldout_path` or `heldout_rows`, not both")
+        return self
+
+    def train_rows(self) -> list[dict]:
+        return self.rows if self.rows is not None else _rows(self.path)
+
+    def heldout(self) -> list[dict] | None:
+        """The held-out rows, or None (the training prompts are evaluated)."""
+        return self.heldout_rows if self.heldout_rows is not None else (
+            _rows(self.heldout_path) if self.heldout_path else None)
 
 
 def _rows(path: str | Path) -> list[dict]:
@@ -84,13 +105,14 @@ class GradedEnv(Environment):
 
     def __init__(self, config: GradedConfig, chat=None) -> None:
         self.config = config
-        self.name = f"graded:{Path(config.path).stem}"
-        train = [_task(r, n, "train", self.name) for n, r in enumerate(_rows(config.path))]
-        held = ([_task(r, n, "heldout", self.name) for n, r in enumerate(_rows(config.heldout_path))]
-                if config.heldout_path else [Task(**{**t.__dict__, "split": "heldout"}) for t in train])
-        self.heldout_is_train = config.heldout_path is None
+        self.name = f"graded:{config.label or (Path(config.path).stem if config.path else 'rows')}"
+        train = [_task(r, n, "train", self.name) for n, r in enumerate(config.train_rows())]
+        heldout_rows = config.heldout()
+        held = ([_task(r, n, "heldout", self.name) for n, r in enumerate(heldout_rows)]
+                if heldout_rows is not None else [Task(**{**t.__dict__, "split": "heldout"}) for t in train])
+        self.heldout_is_train = heldout_rows is None
         self._tasks = {"train": train, "heldout": held}
-        self._by_id = {t.id: t for t in train} | ({t.id: t for t in held} if config.heldout_path else {})
+        self._by_id = {t.id: t for t in train} | ({t.id: t for t in held} if heldout_rows is not None else {})
         self._python = SandboxPython(config.sandbox_slots, config.timeout_s)
         self._runtime = Runtime(python=self._python, chat=chat)
 
@@ -110,7 +132,7 @@ class GradedEnv(Environment):
         try:
             return self._by_id[task_id]
         except KeyError:
-            raise ValueError(f"no prompt {task_id!r} in {self.config.path}") from None
+            raise ValueError(f"no prompt {task_id!r} in {self.config.path or self.name}") from None
 
     def verify(self, task: Task, messages: list[Message]) -> Score:
         try:

@@ -9,9 +9,10 @@ import tarfile
 from pathlib import Path
 
 from ..models.lora import ADAPTER_DIR
+from ..trainer.state import LEGACY, STATE_FILE
 
 FORMATS = ("merged", "adapter")
-SERVER_ONLY = {"ft_state.pt", "rft_state.json", "trainer_state.pt", "trainer.json", ADAPTER_DIR}
+SERVER_ONLY = {STATE_FILE, *LEGACY, "ft_state.pt", "rft_state.json", ADAPTER_DIR}
 
 
 def source_dir(checkpoint: Path, fmt: str) -> Path:

@@ -17,10 +17,12 @@ import time
 import traceback
 from pathlib import Path
 
-from ..accounting.ledger import Profile, token_flops
+from ..accounting.ledger import Profile
+from ..accounting.rows import job_row
 from ..store import Store
 from .formats import parse
-from .methods import METHODS, Hyper, JobRun, Progress
+from .job import Hyper, JobRun, Progress
+from .methods import METHODS
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0          # a running job whose worker was silent 6x this long is taken over
@@ -170,9 +172,7 @@ class JobWorker:
             trained_tokens=out["trained_tokens"], result_files=[results], when_status=("running",),
             event=("info", "The job has successfully completed", "message", {}),
             # the whole job's cost, written with its success: counted once, however many restarts
-            ledger={"phase": "fine_tuning", "seconds": seconds, "run_id": jid,
-                    "dollars": self.profile.dollars(seconds), "trained_tokens": out["trained_tokens"],
-                    "flops": token_flops(active, trained_tokens=out["trained_tokens"])})
+            ledger=job_row(jid, seconds, out["trained_tokens"], active, self.profile))
 
     def _results_file(self, jid: str, tenant: str) -> str:
         """step, train_loss, ... of every step as a CSV file (purpose fine-tune-results)."""

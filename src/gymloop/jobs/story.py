@@ -30,7 +30,9 @@ from pydantic import Field
 
 from ..config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
 from ..accounting.ledger import load_profiles
-from ..loop.rounds import CurriculumConfig, DriftConfig, GateConfig, LoopConfig, run_loop, suite_envs, write_loop_files
+from ..seeds import round_seed
+from ..loop.config import CurriculumConfig, DriftConfig, GateConfig, LoopConfig
+from ..loop.rounds import run_loop, suite_envs, write_loop_files
 from ..tracking.run_dir import new_run_path, write_json
 
 
@@ -116,7 +118,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
                 echo(f"the tool API changes: tools@v{cfg.api_before} -> tools@v{cfg.api_after} ({API_CHANGES[cfg.api_after]})")
             _wait_for(batcher, store.promoted()["version"])
             env = make_env("tools", version=version, schemas=cfg.schemas)
-            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=cfg.seed * 1000 + r)
+            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.seed, r))
             traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
                                    max_tokens=cfg.max_new_tokens, max_turns=3)
             row = {"round": r, "api": env.name, "served_version": batcher.version,

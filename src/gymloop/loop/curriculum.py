@@ -3,28 +3,18 @@ and which model version a round starts from (its lineage)."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from pydantic import Field
 
-from ..config import _Strict
+from .config import LoopConfig
+from ..seeds import round_seed, step_seed
 from ..envs import Task, make_env, rebuilds_tasks
 from ..store import Store
 
-if TYPE_CHECKING:
-    from .rounds import LoopConfig
 
 
-class CurriculumConfig(_Strict):
-    """What each round trains on."""
 
-    production_share: float = Field(0.5, ge=0, le=1, description="Share of each step's tasks drawn from "
-                                    "production failures (feedback with reward < 1 and a task reference).")
-    replay_share: float = Field(0.1, ge=0, le=1, description="Share drawn from past production successes, "
-                                "so skills already learned are kept; the rest are fresh tasks.")
-
-
-def curriculum(cfg: "LoopConfig", store: Store, r: int,
+def curriculum(cfg: LoopConfig, store: Store, r: int,
                production_share: float | None = None) -> tuple[Callable[[int], list[Task]], dict]:
     """task_source(step) for round r: production failures of the target environment (rebuilt
     from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
@@ -67,13 +57,13 @@ def curriculum(cfg: "LoopConfig", store: Store, r: int,
         return [pool[(start + i) % len(pool)] for i in range(k)] if k else []
 
     def source(step: int) -> list[Task]:
-        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=(cfg.seed * 1000 + r) * 1_000_003 + step)
+        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=step_seed(round_seed(cfg.seed, r), step))
         return cycle(failures, n_prod, step) + cycle(successes, n_replay, step) + fresh
 
     return source, stats
 
 
-def lineage_start(cfg: "LoopConfig", store: Store, served: dict) -> dict:
+def lineage_start(cfg: LoopConfig, store: Store, served: dict) -> dict:
     """The model version round training starts from (with its optimizer state)."""
     if cfg.lineage == "latest":
         done = store.rounds(cfg.name)

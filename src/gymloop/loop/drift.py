@@ -2,30 +2,15 @@
 was promoted, or a production failure rate that jumped; each event is recorded in the store."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from pydantic import Field
 
-from ..config import _Strict
+from .config import LoopConfig
 from ..store import Store
 
-if TYPE_CHECKING:
-    from .rounds import LoopConfig
 
 
-class DriftConfig(_Strict):
-    """When the world has changed under the served model, and how the loop reacts."""
 
-    eval_drop: float = Field(0.1, gt=0, le=1, description="A suite whose score for the promoted model fell by "
-                             "more than this since its promotion is a drift event.")
-    failure_rise: float = Field(0.2, gt=0, le=1, description="Production failure rate (last window vs the one "
-                                "before) rising by more than this is a drift event.")
-    window: int = Field(50, ge=5, description="Feedback rows per window.")
-    production_share: float = Field(0.8, ge=0, le=1, description="Curriculum share of production failures "
-                                    "in a round that follows a drift event.")
-
-
-def detect_drift(cfg: "LoopConfig", store: Store, r: int, promoted_scores: dict[str, float],
+def detect_drift(cfg: LoopConfig, store: Store, r: int, promoted_scores: dict[str, float],
                  now: dict[str, float]) -> list[dict]:
     """Drift events of round r: a suite the promoted model now scores lower on than when it was
     promoted, or a production failure rate that jumped. Each is recorded in the store."""

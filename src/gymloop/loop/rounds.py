@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
-from pydantic import Field, field_validator
 
 from ..accounting.ledger import load_profiles
-from ..config import EvalConfig, GRPOConfig, RunBlocks, TrainConfig
+from ..accounting.rows import phase_rows, round_rows
+from ..seeds import round_seed
+from ..trainer.state import has_state
+from ..config import TrainConfig
 from ..bases.registry import resolve_model
-from .curriculum import CurriculumConfig, curriculum, lineage_start
-from .drift import DriftConfig, detect_drift
-from .from_traces import RoundMethod, train_on_traces
-from .gate import GateConfig, ensure_production, gate, suite_envs, suite_scores
+from .config import LoopConfig
+from .curriculum import curriculum, lineage_start
+from .drift import detect_drift
+from .from_traces import train_on_traces
+from .gate import ensure_production, gate, suite_envs, suite_scores
 from .summary import loop_summary
 from ..tracking.report import write_loop_report
 from ..tracking.run_dir import Phases, read_metrics, write_json
@@ -32,37 +35,6 @@ from ..tracking.progress import progress as progress_bar
 from ..store import Store
 from ..orchestrator.train import train
 
-
-class LoopConfig(RunBlocks):
-    """`gymloop run CONFIG.yaml`: the blocks of a training run (each round is one, on the
-    promoted model) and what only a loop has: its store, gate, curriculum and drift detection."""
-
-    name: str = Field("loop", pattern=r"^[A-Za-z0-9_.-]+$", description="Loop id; a restart with the same name resumes.")
-    grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(steps=50), description="GRPO per round (steps = per round).")
-    eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=200, every=0),
-                             description="Held-out evaluation of each round and tasks per suite at the gate.")
-    store: str = Field("gymloop.db", description="The SQLite store shared with `gymloop serve`.")
-    rounds: int | None = Field(None, ge=1, description="Stop after this many committed rounds (None: never).")
-    suites: list[str] = Field(default_factory=list, description="Other held-out suites guarded against regression.")
-    gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")
-    round: RoundMethod = Field(default_factory=RoundMethod, description="How each round trains its candidate: "
-                               "GRPO, or a fine-tuning job (sft / dpo) on the store's traces with feedback.")
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Curriculum.")
-    drift: DriftConfig = Field(default_factory=DriftConfig, description="Drift detection.")
-    lineage: Literal["promoted", "latest"] = Field(
-        "promoted", description="What a round trains from: the served (promoted) model, or the latest "
-        "candidate, promoted or not, so no round's training is thrown away. The gate always compares "
-        "with the served model.")
-
-    @field_validator("grpo")
-    @classmethod
-    def _no_decay(cls, g: GRPOConfig) -> GRPOConfig:
-        # Rounds continue one optimizer and schedule: a decay would end in round 1 and leave
-        # every later round, the drift's recovery included, at the floor.
-        if g.lr_schedule != "constant":
-            raise ValueError("grpo.lr_schedule must be 'constant' in a loop (it never ends; a decay would "
-                             "leave every round after the first at the floor)")
-        return g
 
 
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
@@ -92,38 +64,31 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             echo(f"round {r}: drift " + ", ".join(
                 f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
                 f"{e['before']:.0%} -> {e['after']:.0%})" for e in drift))
-        has_state = (Path(start_dir) / "trainer_state.pt").exists()
-        tcfg = TrainConfig(**{**cfg.blocks(), "model": start_dir, "seed": cfg.seed * 1000 + r,
+        tcfg = TrainConfig(**{**cfg.blocks(), "model": start_dir, "seed": round_seed(cfg.seed, r),
                               "run_dir": str(loop_dir), "name": f"round-{r:04d}"},
-                           init_trainer_state=start_dir if has_state else None)
+                           init_trainer_state=start_dir if has_state(start_dir) else None)
         if cfg.round.method == "grpo":
             with phases.time("curriculum"):
                 source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
             summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
             candidate = str(Path(summary["run_dir"]) / "checkpoint")
-            trained = summary["economics"]["phases"]
+            trained = phase_rows(summary["economics"]["phases"])
             training = training_stats(summary)
             economics = {k: summary["economics"].get(k) for k in ("dollars", "post_training_dollars",
                                                                    "cost_per_1m_generated_tokens")}
         else:    # a fine-tuning job on production's traces
             candidate, training, rows = train_on_traces(store, cfg.round, start_dir, loop_dir / f"round-{r:04d}",
-                                                        cfg.seed * 1000 + r, profile)
-            trained = {row["phase"]: row for row in rows}
+                                                        round_seed(cfg.seed, r), profile)
+            trained = rows
             cur_stats = {}
-            economics = {"dollars": sum(x["dollars"] for x in rows), "post_training_dollars": sum(x["dollars"] for x in rows),
+            economics = {"dollars": sum(x.dollars for x in rows), "post_training_dollars": sum(x.dollars for x in rows),
                          "cost_per_1m_generated_tokens": None}
         with phases.time("gate_evaluation"):
             after = suite_scores(candidate, suites, cfg)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
-        ledger = [{"phase": k, **{f: v[f] for f in ("seconds", "dollars", "flops", "prompt_tokens",
-                                                    "generated_tokens", "trained_tokens") if f in v}}
-                  for k, v in trained.items()]
-        ledger += [{"phase": k, "seconds": sec, "dollars": profile.dollars(sec)} for k, sec in phases.seconds.items()]
-        # every second of the round is on the ledger: what no phase timed (store reads, summaries) too
         finished = time.time()
-        other = max(0.0, finished - started - sum(row["seconds"] for row in ledger))
-        ledger.append({"phase": "other", "seconds": other, "dollars": profile.dollars(other)})
+        ledger = round_rows(trained, phases.seconds, profile, finished - started)
         version = store.commit_round(
             cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
             started=started, finished=finished, ledger=ledger,

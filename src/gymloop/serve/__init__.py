@@ -1,7 +1,7 @@
 """The serving side: an OpenAI-compatible API with dynamic batching and hot weight swaps."""
 import logging
 
-from ..accounting.ledger import token_flops
+from ..accounting.rows import ServingLedger
 from .batcher import Batcher
 from .config import ServeConfig
 
@@ -57,34 +57,6 @@ def shutdown(app) -> None:
         app.state.close_graders()
     app.state.batcher.close()
     app.state.serving_ledger.flush()
-
-
-class ServingLedger:
-    """Engine seconds and tokens of serving, flushed to the store's ledger every poll tick
-    (one row per tick, not per batch: the ledger is priced per phase, not per request)."""
-
-    def __init__(self, store, profile, active_params: int) -> None:
-        import threading
-
-        self.store, self.profile, self.params = store, profile, active_params
-        self.lock = threading.Lock()
-        self.seconds = 0.0
-        self.prompt = self.served = 0
-
-    def add(self, seconds: float, prompt_tokens: int, generated_tokens: int) -> None:
-        with self.lock:
-            self.seconds += seconds
-            self.prompt += prompt_tokens
-            self.served += generated_tokens
-
-    def flush(self) -> None:
-        with self.lock:
-            sec, prompt, served = self.seconds, self.prompt, self.served
-            self.seconds, self.prompt, self.served = 0.0, 0, 0
-        if served or prompt:
-            self.store.add_ledger("serving", sec, dollars=self.profile.dollars(sec),
-                                  flops=token_flops(self.params, prompt_tokens=prompt, served_tokens=served),
-                                  prompt_tokens=prompt, served_tokens=served)
 
 
 def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> None:

@@ -19,7 +19,7 @@ from ..store import Store
 from ..envs.graders import GraderError, Runtime, SandboxPython
 from ..finetune.archive import FORMATS
 from ..finetune.formats import FormatError, parse
-from ..finetune.methods import BASE_LR, resolve
+from ..finetune.job import BASE_LR, resolve
 from .fine_tuning_bodies import GraderRun, GraderValidate, JobCreate, PromoteRequest, grader_dict
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -339,7 +339,7 @@ def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error
     from pathlib import Path
 
     from ..loop.gate import gate_and_promote
-    from ..loop.rounds import LoopConfig
+    from ..loop.config import LoopConfig
 
     current = store.promoted()
     production = current["path"] if current else base_dir
@@ -392,7 +392,7 @@ def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -
     other tokenizers; reinforcement: group_size samples of each prompt, each at most
     max_new_tokens long)."""
     from ..bases.nano import nano_tokenizer
-    from ..finetune.methods import completion_example, sft_example
+    from ..finetune.examples import completion_example, sft_example
 
     tok = nano_tokenizer()
     rows = parse(store.file_content(tenant, file_id)).rows

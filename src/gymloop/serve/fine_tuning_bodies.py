@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from ..config import EnvSpec
-from ..loop.gate import GateConfig
+from ..loop.config import GateConfig
 from ..models.lora import LoraOptions
 from .openapi import json_int
 

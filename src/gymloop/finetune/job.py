@@ -1,0 +1,133 @@
+"""A fine-tuning job as a method sees it: its hyper-parameters ("auto" resolved), what it
+trains from (JobRun) and how it reports (Progress)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..algorithms.dpo import DPOLoss
+from ..models import lora
+
+
+@dataclass
+class Hyper:
+    """Resolved hyper-parameters ("auto" replaced by a number)."""
+
+    n_epochs: int
+    batch_size: int
+    learning_rate: float
+    beta: float = 0.1
+    length_normalize: bool = False
+    reference_free: bool = False
+    sft_weight: float = 0.0
+    lora: dict | None = None              # LoraOptions as a dict, or None: every weight trains
+    group_size: int = 8                   # reinforcement: samples per prompt
+    max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer
+    eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
+    eval_samples: int = 100               # reinforcement: held-out prompts evaluated
+
+    def public(self, method: str) -> dict:
+        """As the job object reports them (OpenAI's names: a multiplier, not a rate)."""
+        out = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
+               "learning_rate_multiplier": self.learning_rate / BASE_LR}
+        if method == "dpo":
+            out.update(beta=self.beta, length_normalize=self.length_normalize,
+                       reference_free=self.reference_free, sft_weight=self.sft_weight)
+        if method == "reinforcement":
+            out.update(compute_multiplier=self.group_size / 8, group_size=self.group_size,
+                       max_new_tokens=self.max_new_tokens, eval_interval=self.eval_interval,
+                       eval_samples=self.eval_samples)
+        if self.lora is not None:
+            out["lora"] = self.lora
+        return out
+
+
+BASE_LR = 1e-3           # learning_rate_multiplier 1 (nano-sized models; pass a multiplier for others)
+# "auto" learning-rate multipliers: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
+AUTO_LR = {"supervised": 1.0, "dpo": 0.1, "reinforcement": 0.2}
+
+
+def resolve(method: str, given: dict, n_examples: int) -> Hyper:
+    """Hyper-parameters of a job: "auto" (or absent) -> defaults that suit the data size."""
+    def pick(name, auto):
+        v = given.get(name, "auto")
+        return auto if v == "auto" or v is None else v
+    batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
+    epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
+    lr = BASE_LR * float(pick("learning_rate_multiplier", AUTO_LR[method]))
+    if batch < 1 or epochs < 1 or lr <= 0:
+        raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
+    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr)
+    if given.get("lora") is not None:
+        h.lora = lora.LoraOptions(**given["lora"]).model_dump()
+    if method == "reinforcement":
+        h.group_size = max(2, round(8 * float(pick("compute_multiplier", 1.0))))
+        h.group_size = int(pick("group_size", h.group_size))
+        h.max_new_tokens = int(pick("max_new_tokens", 16))
+        h.eval_interval = int(pick("eval_interval", 0))
+        h.eval_samples = int(pick("eval_samples", 100))
+        if h.group_size < 2:
+            raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
+    if method == "dpo":
+        h.beta = float(pick("beta", 0.1))
+        h.length_normalize = bool(given.get("length_normalize", False))
+        h.reference_free = bool(given.get("reference_free", False))
+        h.sft_weight = float(pick("sft_weight", 0.0))
+        DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
+    return h
+
+
+@dataclass
+class Progress:
+    """What a job reports as it goes (events, checkpoints), and whether it should stop.
+    on_checkpoint(step, metrics, write): `write(path)` writes the checkpoint's files there (the
+    model, and what resuming needs); the worker records it once written."""
+
+    on_metrics: Callable[[dict], None]
+    on_checkpoint: Callable[[int, dict, Callable[[Path], None]], None]
+    should_stop: Callable[[], str | None]                      # "cancelled" / "paused" / None
+    checkpoint_every: int = 0                                  # 0: one per epoch
+
+
+@dataclass
+class JobRun:
+    """What a method trains from: the weights of the job's `model`, the newest checkpoint of this
+    job when it resumes, its rows, hyper-parameters and seed, and its directory."""
+
+    start_model: Path
+    resume: Path | None
+    rows: list[dict]
+    valid_rows: list[dict] | None
+    hp: Hyper
+    seed: int
+    root: Path
+    grader: dict | None = None                 # reinforcement
+    chat: Callable | None = None               # reinforcement: score_model graders' model calls
+
+
+class JobClock:
+    """A job's progress over all its runs (a resumed job goes on counting): steps, trained
+    tokens and seconds, kept in each checkpoint's state; when a checkpoint is due."""
+
+    def __init__(self, progress: Progress, steps_per_epoch: int, n_epochs: int, saved: dict | None) -> None:
+        saved = saved or {}
+        self.step = saved.get("step", 0)
+        self.tokens = saved.get("trained_tokens", 0)
+        self.seconds0, self.t0 = saved.get("seconds", 0.0), time.perf_counter()
+        self.steps_per_epoch, self.total = steps_per_epoch, steps_per_epoch * n_epochs
+        self.every = progress.checkpoint_every or steps_per_epoch
+
+    def seconds(self) -> float:
+        return self.seconds0 + time.perf_counter() - self.t0
+
+    def due(self) -> bool:
+        """A checkpoint after this step: every `checkpoint_every` steps (default: each epoch) and the last."""
+        return self.step % self.every == 0 or self.step == self.total
+
+    def state(self) -> dict:
+        return {"step": self.step, "trained_tokens": self.tokens, "seconds": self.seconds()}
+
+    def result(self, status: str) -> dict:
+        return {"status": status, **self.state()}
