@@ -30,7 +30,7 @@ from ..trainer.objectives import Preference, TokenNLL, completion_logps
 from ..trainer.state import read_state
 from ..trainer.trainer import Trainer
 from .examples import Examples, job_examples
-from .job import JobClock, JobRun, Progress
+from .job import Hyper, JobClock, JobRun, Progress  # noqa: F401  (Hyper: what a caller builds a JobRun with)
 from .reinforce import train_reinforcement
 
 # Every method returns {"status": "succeeded" | "cancelled" | "paused" | "shutdown", "step",
