@@ -99,8 +99,7 @@ def _step(job: TokenJob) -> dict:
         batch = job.examples.batch(torch.cat((idx, idx + n)))
         objective = Preference(job.dpo, job.score, None if ref is None else ref[0][idx],
                                None if ref is None else ref[1][idx])
-    m = job.trainer.step(batch, objective)
-    job.model.train()                  # Trainer.step leaves eval mode; a job trains until it ends
+    m = job.trainer.step(batch, objective)          # the model stays in train mode (set by train_tokens)
     job.clock.step += 1
     job.clock.tokens += int(batch.attention_mask.sum())
     m.pop("grad_norm", None)

@@ -193,7 +193,8 @@ def _load_model(cfg: TrainConfig, model_path: Path):
         raise ValueError("init_adapter continues a LoRA adapter: it needs grpo.lora")
     if cfg.device == "cuda":
         to_gpu(model, "device: cuda")
-    return model, tok
+    # the engine generates in eval mode; Trainer.step trains in train mode and gives back the mode it found
+    return model.eval(), tok
 
 
 def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:

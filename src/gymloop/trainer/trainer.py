@@ -58,6 +58,17 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
         offset += g.numel()
 
 
+def _minibatches(n: int, parts: int, gen: torch.Generator | None, device) -> list:
+    """Row indices of each minibatch of one epoch: all rows (one part), else the next
+    permutation of `gen` in `parts` parts."""
+    if parts == 1:
+        return [slice(None)]
+    order = torch.randperm(n, generator=gen).to(device)
+    # tensor_split, not chunk: always `parts` parts, so every data-parallel rank runs the same
+    # number of collectives
+    return list(order.tensor_split(parts))
+
+
 def trainable_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[torch.nn.Parameter]:
     """The parameters to train: all, or (with `patterns`) those whose name matches one of the
     regular expressions; the others are frozen (requires_grad False), so autograd does not go
@@ -109,21 +120,20 @@ class Trainer:
 
     def step(self, batch: TokenBatch, objective: Objective, *, epochs: int = 1, minibatches: int = 1) -> dict:
         """`epochs` x `minibatches` optimizer steps of `objective` on one batch [N, L]; returns
-        the mean of the objective's metrics over them, with the gradient norm."""
-        self.model.train()
+        the mean of the objective's metrics over them, with the gradient norm. The model trains in
+        train mode and is left in the mode it was in (GRPO's: eval, for its engine)."""
+        was_training = self.model.training        # a fine-tuning job stays in train mode: no module walks
+        if not was_training:
+            self.model.train()
         device = next(self.model.parameters()).device      # rollouts arrive on the CPU
         batch = batch.to(device)
         objective.prepare(self.model, self.ref, batch)
-        n = len(batch)
         agg: dict[str, float] = {}
         count = 0
         # Seeded by the step count, so a run is reproducible from its config.
-        gen = torch.Generator().manual_seed(self.step_count)
+        gen = torch.Generator().manual_seed(self.step_count) if minibatches > 1 else None
         for _ in range(epochs):
-            order = (torch.randperm(n, generator=gen) if minibatches > 1 else torch.arange(n)).to(device)
-            # tensor_split, not chunk: always `minibatches` parts, so every data-parallel
-            # rank runs the same number of collectives
-            for idx in order.tensor_split(minibatches):
+            for idx in _minibatches(len(batch), minibatches, gen, device):
                 mb = batch if minibatches == 1 else batch.select(idx)
                 value, m, aux = objective(self.model, mb, idx)
                 if aux is not None:       # MoE: the router's load-balancing loss, as in pre-training
@@ -135,7 +145,8 @@ class Trainer:
                 for k, v in m.items():
                     agg[k] = agg.get(k, 0.0) + v
                 count += 1
-        self.model.eval()
+        if not was_training:
+            self.model.eval()
         return {k: v / count for k, v in agg.items()}
 
     def _apply(self, loss: torch.Tensor) -> float:
