@@ -111,13 +111,14 @@ class JobClock:
     """A job's progress over all its runs (a resumed job goes on counting): steps, trained
     tokens and seconds, kept in each checkpoint's state; when a checkpoint is due."""
 
-    def __init__(self, progress: Progress, steps_per_epoch: int, n_epochs: int, saved: dict | None) -> None:
+    def __init__(self, progress: Progress, examples: int, hp: Hyper, saved: dict | None) -> None:
         saved = saved or {}
         self.step = saved.get("step", 0)
         self.tokens = saved.get("trained_tokens", 0)
         self.seconds0, self.t0 = saved.get("seconds", 0.0), time.perf_counter()
-        self.steps_per_epoch, self.total = steps_per_epoch, steps_per_epoch * n_epochs
-        self.every = progress.checkpoint_every or steps_per_epoch
+        self.steps_per_epoch = -(-examples // hp.batch_size)          # the last batch may be short
+        self.total = self.steps_per_epoch * hp.n_epochs
+        self.every = progress.checkpoint_every or self.steps_per_epoch
 
     def seconds(self) -> float:
         return self.seconds0 + time.perf_counter() - self.t0

@@ -68,17 +68,17 @@ def _open(method: str, run: JobRun, progress: Progress) -> TokenJob:
     if hp.lora:
         model = lora.wrap(model, hp.lora, run.resume / lora.ADAPTER_DIR if run.resume else None)
     examples = job_examples(method, tok, run.rows)
-    steps_per_epoch = -(-len(run.rows) // hp.batch_size)
-    total = steps_per_epoch * hp.n_epochs
+    saved = read_state(run.resume) if run.resume else None
+    clock = JobClock(progress, len(run.rows), hp, saved and saved["run"])
+    total = clock.total
     # the fused kernel: AdamW 2.8 -> 1.1 ms of a 17 ms nano step
     trainer = Trainer(model, hp.learning_rate, betas=(0.9, 0.999), warmup_steps=min(10, total // 10),
                       decay_steps=total, min_lr_ratio=0.1, max_grad_norm=1.0, fused=True)
-    saved = read_state(run.resume) if run.resume else None
     if saved:
         trainer.set_state(saved, rng=True)
     job = TokenJob(method, run, model, tok, trainer, CompletionLogprobs(model), examples,
                    job_examples(method, tok, run.valid_rows) if method == "supervised" and run.valid_rows else None,
-                   JobClock(progress, steps_per_epoch, hp.n_epochs, saved and saved["run"]))
+                   clock)
     if method == "dpo":
         job.dpo = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
         # the reference is the model before the first step: kept in the state, not recomputed on resume

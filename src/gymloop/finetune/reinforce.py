@@ -30,7 +30,7 @@ class _JobSteps:
 
     def __init__(self, run: JobRun, progress: Progress, tasks: list, saved: dict | None) -> None:
         self.run, self.progress, self.tasks = run, progress, tasks
-        self.clock = JobClock(progress, -(-len(tasks) // run.hp.batch_size), run.hp.n_epochs, saved)
+        self.clock = JobClock(progress, len(tasks), run.hp, saved)
         self.stopped: str | None = None
 
     def prompts(self, s: int) -> list:

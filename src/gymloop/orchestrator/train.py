@@ -153,6 +153,7 @@ class Run:
     heldout: list
     dir: RunDir
     ledger: Ledger
+    profiles: dict                             # the priced hardware (the ledger's and the projections')
     phases: Phases
     progress: RunProgress
     echo: Callable[[str], None]
@@ -219,7 +220,7 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
                                                      if engine.native_unsupported else ""))
     env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
     run = Run(cfg, Path(model_path), model, tok, env, engine, None, env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed),
-              run_dir, ledger, phases, RunProgress(), echo, policy_loss(cfg.grpo),
+              run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
               cfg.sampling.max_new_tokens * cfg.env.max_turns, task_source=task_source,
               t_start=t_start, setup_t0=setup_t0)
     if cfg.cluster.backend == "ray":
@@ -366,7 +367,7 @@ def summarise(run: Run) -> dict:
     run.phases.add("other", max(0.0, wall - sum(run.phases.seconds.values())))
     for phase, sec in run.phases.seconds.items():
         run.ledger.add(phase, sec)
-    profiles = load_profiles(cfg.cost.profiles_file)
+    profiles = run.profiles
     economics = run.ledger.summary(p.base["pass1"], p.last["pass1"], post_training_phases=LEARN_PHASES,
                                    generation_seconds=p.overlapped["generation"] if cfg.grpo.max_staleness else None)
     economics["wall_seconds"] = wall
