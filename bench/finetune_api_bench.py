@@ -97,7 +97,7 @@ def main() -> None:
 
 
 def report(store, rows, out, key, job, sec, task, before, after, extra=None):
-    ledger = {r["run_id"]: r for r in store.ledger_rows("fine_tuning")}[job.id]
+    ledger = {r["run_id"]: r for r in store.ledger.rows("fine_tuning")}[job.id]
     rows.append([key.upper(), task, f"{before:.1%}", f"{after:.1%}", f"{100 * (after - before):+.1f} pts",
                  f"{job.trained_tokens:,}", f"{sec:.0f}", f"${ledger['dollars']:.4f}"])
     out[key] = {"base": before, "after": after, "trained_tokens": job.trained_tokens, "seconds": sec,

@@ -82,11 +82,11 @@ def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, grpo={"steps": 10}, name="seen", rounds=2)
     store = Store(cfg.store)
-    store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
+    store.versions.add(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
     for i in range(6):       # production traffic with verdicts, so the success chart has points
-        tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+        tid = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                               completion_tokens=1, latency_s=0.1)
-        store.add_feedback(tid, reward=float(i % 2), env="digit", task_id=f"d{i}")
+        store.traces.add_feedback(tid, reward=float(i % 2), env="digit", task_id=f"d{i}")
     run_loop(cfg, echo=lambda m: None)
     charts = check_page((tmp_path / "runs" / "seen" / "report.html").as_uri(), tmp_path, "loop-report")
     assert len(charts.charts) == 7 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
@@ -102,10 +102,10 @@ def test_dashboard_renders_live_data_in_chromium(tmp_path, tiny_model_dir):
 
     cfg = ServeConfig(model=str(tiny_model_dir), model_name="tiny", db=str(tmp_path / "d.db"), api_keys=[KEY])
     app, batcher, store = build(cfg)
-    store.ensure_run("demo", {})
-    base_v = store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.2})
+    store.versions.ensure_run("demo", {})
+    base_v = store.versions.add(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.2})
     for r, (status, score) in enumerate([("promoted", 0.3), ("rejected", 0.25), ("promoted", 0.4)], 1):
-        store.commit_round("demo", r, path=str(tiny_model_dir), parent=base_v, status=status,
+        store.versions.commit_round("demo", r, path=str(tiny_model_dir), parent=base_v, status=status,
                            scores={"arith": score}, started=time.time(),
                            metrics={"after": {"arith": score}, "economics": {"post_training_dollars": 0.001}})
     ctx = running_server(app)

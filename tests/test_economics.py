@@ -151,7 +151,7 @@ def drift_loop(tmp_path_factory, tiny_model_dir):
     try:
         cfg = digit_loop_cfg(root, tiny_model_dir, name="drifty", rounds=2, gate={"delta": 0.2, "epsilon": 0.05})
         store = Store(cfg.store)
-        store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
+        store.versions.add(str(tiny_model_dir), parent=None, status="promoted", scores={"digit": 0.9})
         rounds = run_loop(cfg, echo=lambda m: None)
     finally:
         gymloop.envs.REGISTRY.unregister("digit")
@@ -160,7 +160,7 @@ def drift_loop(tmp_path_factory, tiny_model_dir):
 
 def test_loop_rounds_are_in_the_ledger_and_add_up(drift_loop):
     cfg, store, rounds, summary = drift_loop
-    costs = store.round_costs("drifty")
+    costs = store.ledger.round_costs("drifty")
     assert sorted(costs) == [1, 2]
     price = load_profiles()[cfg.cost.profile].usd_per_hour
     for r, row in zip(rounds, summary["rounds"]):
@@ -184,7 +184,7 @@ def test_loop_rounds_are_in_the_ledger_and_add_up(drift_loop):
 def test_drift_recovery_is_costed_from_the_store(drift_loop):
     cfg, store, rounds, summary = drift_loop
     assert rounds[0]["status"] == "promoted" and rounds[0]["metrics"]["after"]["digit"] >= 0.9 - cfg.gate.epsilon
-    [event] = store.drift_events()
+    [event] = store.versions.drift_events()
     assert (event["round"], event["kind"], event["before"]) == (1, "eval", 0.9)
     [maintain] = summary["cost_to_maintain"]
     assert maintain["recovered_round"] == 1 and maintain["status"] == "recovered in round 1"
@@ -223,13 +223,14 @@ def test_demo_serves_production_traffic_and_prints_what_summary_json_says(tmp_pa
     on_disk = json.loads((run / "summary.json").read_text())
     sv = on_disk["serving"]
     store = Store(sv["store"])
-    rows = store.ledger_rows("serving")
+    rows = store.ledger.rows("serving")
     assert sv["errors"] == [] and sv["episodes"] == 24 and sv["requests"] == store.count("traces") == 24
     assert sv["feedback"] == 24 and store.count("feedback") == 24
     assert sv["served_tokens"] == sum(r["served_tokens"] for r in rows) > 0
     assert sv["cost_per_1m_served_tokens"] == pytest.approx(
         sum(r["dollars"] for r in rows) / sum(r["served_tokens"] for r in rows) * 1e6)
-    rewards = [f["reward"] for t in store._conn().execute("SELECT id FROM traces") for f in store.feedback_for(t[0])]
+    rewards = [t["reward"] for t in store.traces.graded()]          # one verdict per episode (24 above)
+    assert len(rewards) == 24
     assert sv["production_success"] == pytest.approx(sum(r >= 1 for r in rewards) / len(rewards))
     text = before_after_table(on_disk)
     assert f"${sv['cost_per_1m_served_tokens']:.4f} per 1M served tokens" in text

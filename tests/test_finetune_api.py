@@ -282,7 +282,7 @@ def test_a_reinforcement_job_with_a_python_grader_learns(client, server):
     r = client.chat.completions.create(model=done.fine_tuned_model, messages=[{"role": "user", "content": "a"}],
                                        max_tokens=1, temperature=0)
     assert r.choices[0].message.content[:1].isdigit()
-    assert {r["run_id"] for r in server["store"].ledger_rows("fine_tuning")} >= {done.id}
+    assert {r["run_id"] for r in server["store"].ledger.rows("fine_tuning")} >= {done.id}
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
@@ -394,7 +394,7 @@ def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, d
     better = admin.post(f"/fine_tuning/jobs/{digits}/promote", body=request, cast_to=object)
     assert better["promoted"], better
     assert better["after"]["digit"] >= better["before"]["digit"] + 0.2
-    assert store.promoted()["version"] == better["version"] and better["production_version"] == 1
+    assert store.versions.promoted()["version"] == better["version"] and better["production_version"] == 1
     # the server follows the store: the served model is now the promoted one
     end = time.monotonic() + 30
     while int(client.chat.completions.with_raw_response.create(
@@ -404,16 +404,16 @@ def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, d
         time.sleep(0.2)
     worse = admin.post(f"/fine_tuning/jobs/{letters}/promote", body=request, cast_to=object)
     assert not worse["promoted"] and "digit changed by" in worse["why"]
-    assert store.promoted()["version"] == better["version"]
+    assert store.versions.promoted()["version"] == better["version"]
     messages = [e.message for e in admin.fine_tuning.jobs.list_events(letters, limit=100)]
     assert any(m.startswith("Not promoted") for m in messages)
     # `gymloop models add` takes a fine-tuned model's id
     model = admin.fine_tuning.jobs.retrieve(letters).fine_tuned_model
     assert main(["models", "add", model, "--db", str(store.path)]) == 0
     added = json.loads(capsys.readouterr().out)
-    row = store.model_version(added["version"])
+    row = store.versions.get(added["version"])
     assert row["status"] == "candidate"
-    assert Path(row["path"]) == Path(store.get_job(None, letters)["final_path"]).resolve()
+    assert Path(row["path"]) == Path(store.jobs.get(None, letters)["final_path"]).resolve()
     assert main(["models", "add", "ft:nope", "--db", str(store.path)]) == 2
 
 
@@ -454,8 +454,8 @@ def _killed_mid_job(client, job_id: str, proc, db) -> int:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     store = Store(db)
-    assert store.get_job(None, job_id)["status"] == "running"
-    return max(c["step"] for c in store.job_checkpoints(job_id)[0])
+    assert store.jobs.get(None, job_id)["status"] == "running"
+    return max(c["step"] for c in store.jobs.checkpoints(job_id)[0])
 
 
 def _resumed_once_and_counted_once(client, job_id: str, file_id: str, db, killed_step: int) -> None:
@@ -469,7 +469,7 @@ def _resumed_once_and_counted_once(client, job_id: str, file_id: str, db, killed
     resumed = [m for m in messages if m.startswith("Resumed from the checkpoint at step")]
     assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) >= killed_step
     assert client.files.content(file_id).read() == _jsonl(sft_rows(64))             # nothing lost
-    rows = [r for r in Store(db).ledger_rows("fine_tuning") if r["run_id"] == job_id]
+    rows = [r for r in Store(db).ledger.rows("fine_tuning") if r["run_id"] == job_id]
     assert len(rows) == 1 and rows[0]["trained_tokens"] == done.trained_tokens > 0 and rows[0]["dollars"] > 0
     assert done.fine_tuned_model in [m.id for m in client.models.list()]
 
@@ -518,11 +518,11 @@ def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path
         assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
         worker = _process(["worker", *same, "--checkpoint-every", "5"])
         assert wait(client, job.id, statuses=("running", "succeeded", "failed"), timeout=60).status == "running"
-        assert Store(db).get_job(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
+        assert Store(db).jobs.get(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
         step = _killed_mid_job(client, job.id, worker, db)
         worker = _process(["worker", *same, "--checkpoint-every", "5"])
         _resumed_once_and_counted_once(client, job.id, f.id, db, step)
-        assert Store(db).get_job(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
+        assert Store(db).jobs.get(None, job.id)["worker"] == f"{socket.gethostname()}:{worker.pid}"
         answer = client.chat.completions.create(model=client.fine_tuning.jobs.retrieve(job.id).fine_tuned_model,
                                                 messages=[{"role": "user", "content": "a"}], max_tokens=2)
         assert answer.choices[0].message.content is not None

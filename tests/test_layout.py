@@ -135,13 +135,13 @@ def test_only_accounting_makes_ledger_rows_and_the_store_takes_nothing_else(tmp_
     makers = set(_calls("LedgerRow"))
     assert makers and all(m.startswith("accounting/") for m in makers), makers
     store = Store(tmp_path / "s.db")
-    store.add_ledger(LedgerRow("serving", 1.5, dollars=0.25, served_tokens=3))
-    assert [(r["phase"], r["seconds"], r["served_tokens"]) for r in store.ledger_rows()] == [("serving", 1.5, 3)]
+    store.ledger.add(LedgerRow("serving", 1.5, dollars=0.25, served_tokens=3))
+    assert [(r["phase"], r["seconds"], r["served_tokens"]) for r in store.ledger.rows()] == [("serving", 1.5, 3)]
     import pytest
 
     with pytest.raises(TypeError, match="LedgerRow"):
-        store.add_ledger({"phase": "serving", "seconds": 1.0})
-    assert len(store.ledger_rows()) == 1
+        store.ledger.add({"phase": "serving", "seconds": 1.0})
+    assert len(store.ledger.rows()) == 1
 
 
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX))\b", re.I)

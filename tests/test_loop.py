@@ -35,11 +35,11 @@ def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_
     assert [r["round"] for r in rounds] == [1, 2]
     assert rounds[0]["status"] == "promoted" and rounds[0]["metrics"]["after"]["digit"] >= 0.9
     assert rounds[1]["status"] == "rejected"          # nothing left to gain by delta 0.2
-    versions = {v["version"]: v for v in store.model_versions()}
+    versions = {v["version"]: v for v in store.versions.list()}
     assert versions[1]["status"] == "promoted" and versions[1]["parent"] is None     # the base
     assert versions[2]["status"] == "promoted" and versions[2]["parent"] == 1
     assert versions[3]["status"] == "rejected" and versions[3]["parent"] == 2
-    assert store.promoted()["version"] == 2
+    assert store.versions.promoted()["version"] == 2
     # resuming a finished loop does nothing more
     assert len(run_loop(cfg, echo=lambda m: None)) == 2
 
@@ -51,9 +51,9 @@ def test_latest_lineage_trains_on_from_a_rejected_candidate_but_serves_the_promo
     rounds = run_loop(cfg, echo=lambda m: None)
     store = Store(cfg.store)
     assert [r["status"] for r in rounds] == ["promoted", "rejected", "rejected"]
-    versions = {v["version"]: v for v in store.model_versions()}
+    versions = {v["version"]: v for v in store.versions.list()}
     assert [versions[r["metrics"]["version"]]["parent"] for r in rounds] == [1, 2, 3]   # 3 is rejected
-    assert store.promoted()["version"] == 2
+    assert store.versions.promoted()["version"] == 2
     assert [r["metrics"]["served_version"] for r in rounds] == [1, 2, 2]
     # the gate compared each candidate with what was served
     assert rounds[2]["metrics"]["before"] == rounds[1]["metrics"]["before"]
@@ -79,15 +79,15 @@ def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_mo
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    killed_at = store.last_round("crash")
+    killed_at = store.versions.last_round("crash")
     assert 1 <= killed_at < 4, proc.stderr.read().decode()[-2000:]
     done = subprocess.run(cmd, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    rounds = store.rounds("crash")
+    rounds = store.versions.rounds("crash")
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]            # none lost, none twice
-    versions = {v["version"]: v for v in store.model_versions()}
+    versions = {v["version"]: v for v in store.versions.list()}
     assert sorted(r["metrics"]["version"] for r in rounds) == sorted(v for v in versions if v != 1)
-    promoted = store.promoted()
+    promoted = store.versions.promoted()
     assert promoted is not None and os.path.exists(os.path.join(promoted["path"], "model.safetensors"))
 
 
@@ -116,15 +116,15 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
     env = make_env("arith")
     failed = env.sample_tasks(3, "train", 7)
     for i, t in enumerate(failed):
-        tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+        tid = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                               completion_tokens=1, latency_s=0.1)
-        store.add_feedback(tid, reward=0.0, env="arith", env_version=None, task_id=t.id)
-    ok = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+        store.traces.add_feedback(tid, reward=0.0, env="arith", env_version=None, task_id=t.id)
+    ok = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                          completion_tokens=1, latency_s=0.1)
-    store.add_feedback(ok, reward=1.0, env="arith", task_id="arith:1+1")            # a success: not a failure
-    bad = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+    store.traces.add_feedback(ok, reward=1.0, env="arith", task_id="arith:1+1")            # a success: not a failure
+    bad = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                           completion_tokens=1, latency_s=0.1)
-    store.add_feedback(bad, reward=0.0, env="arith", task_id="not-an-arith-id")     # unrebuildable: skipped
+    store.traces.add_feedback(bad, reward=0.0, env="arith", task_id="not-an-arith-id")     # unrebuildable: skipped
     cfg = LoopConfig.model_validate({
         "model": str(tiny_model_dir), "store": str(tmp_path / "loop.db"), "run_dir": str(tmp_path / "runs"),
         "name": "prod", "rounds": 1, "env": {"name": "arith"}, "eval": {"tasks": 10, "max_new_tokens": 3},
@@ -133,11 +133,11 @@ def test_production_failures_become_training_tasks(tmp_path, tiny_model_dir):
     rounds = run_loop(cfg, echo=lambda m: None)
     assert rounds[0]["metrics"]["curriculum"] == {"production_failures": 3, "production_per_step": 2,
                                                   "replay_per_step": 0, "production_not_rebuildable": 1}
-    rows = store.tasks()
+    rows = store.traces.tasks()
     # failures, and the one success (kept for replay), are stored as production tasks
     assert {r["id"] for r in rows} == {t.id for t in failed} | {"arith:1+1"}
     assert {r["source"] for r in rows} == {"production"}
-    assert store.tasks(source="production")[0]["prompt"][0]["role"] == "user"
+    assert store.traces.tasks(source="production")[0]["prompt"][0]["role"] == "user"
 
 
 def _loop_cfg(tmp_path, tiny_model_dir, **kw):
@@ -150,9 +150,9 @@ def _loop_cfg(tmp_path, tiny_model_dir, **kw):
 
 
 def _feedback(store, task_id, reward, env="arith"):
-    tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+    tid = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                           completion_tokens=1, latency_s=0.1)
-    store.add_feedback(tid, reward=reward, env=env, task_id=task_id)
+    store.traces.add_feedback(tid, reward=reward, env=env, task_id=task_id)
 
 
 def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp_path, tiny_model_dir):
@@ -167,7 +167,7 @@ def test_production_failure_spike_is_a_drift_event_and_shifts_the_curriculum(tmp
     rounds = run_loop(_loop_cfg(tmp_path, tiny_model_dir), echo=lambda m: None)
     drift = rounds[0]["metrics"]["drift"]
     assert [(e["env"], e["kind"], e["before"], e["after"]) for e in drift] == [("arith", "production", 0.0, 1.0)]
-    assert store.drift_events()[0]["round"] == 1
+    assert store.versions.drift_events()[0]["round"] == 1
     assert rounds[0]["metrics"]["curriculum"]["production_per_step"] == 3      # 0.75 of 4, not 0.25
 
 
@@ -185,12 +185,12 @@ def test_a_new_api_version_failing_after_the_old_one_worked_is_drift_of_the_new_
         _feedback(store, f"tools:apple:{i}:1", 0.0 if i % 10 else 1.0, env="tools@v2")
     events = detect_drift(cfg, store, 3, {}, {})
     assert [(e["env"], e["kind"], e["before"], e["after"]) for e in events] == [("tools@v2", "production", 0.0, 0.9)]
-    assert [(e["round"], e["env"]) for e in store.drift_events()] == [(3, "tools@v2")]
+    assert [(e["round"], e["env"]) for e in store.versions.drift_events()] == [(3, "tools@v2")]
 
 
 def test_a_suite_that_dropped_since_promotion_is_a_drift_event(tmp_path, tiny_model_dir):
     store = Store(tmp_path / "loop.db")
-    store.add_model_version(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.95})
+    store.versions.add(str(tiny_model_dir), parent=None, status="promoted", scores={"arith": 0.95})
     rounds = run_loop(_loop_cfg(tmp_path, tiny_model_dir), echo=lambda m: None)
     events = rounds[0]["metrics"]["drift"]
     assert len(events) == 1 and events[0]["kind"] == "eval" and events[0]["before"] == 0.95
@@ -198,19 +198,19 @@ def test_a_suite_that_dropped_since_promotion_is_a_drift_event(tmp_path, tiny_mo
 
 
 def test_store_migrates_an_older_database_without_losing_rows(tmp_path, monkeypatch):
-    import gymloop.store as store_mod
+    import gymloop.store.db as db_mod
 
-    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
-    old = store_mod.Store(tmp_path / "old.db")
-    tid = old.add_trace(model="m", model_version=0, request={"a": 1}, response={}, prompt_tokens=1,
+    monkeypatch.setattr(db_mod, "MIGRATIONS", db_mod.MIGRATIONS[:1])
+    old = Store(tmp_path / "old.db")
+    tid = old.traces.add(model="m", model_version=0, request={"a": 1}, response={}, prompt_tokens=1,
                         completion_tokens=1, latency_s=0.0)
     assert old.schema_version == 1
     monkeypatch.undo()
     new = Store(tmp_path / "old.db")
-    assert new.schema_version == len(store_mod.MIGRATIONS) >= 2
-    assert new.get_trace(tid)["request"] == {"a": 1}
-    new.add_drift_event(env="arith", kind="eval", before=0.9, after=0.1)
-    assert len(new.drift_events()) == 1
+    assert new.schema_version == len(db_mod.MIGRATIONS) >= 2
+    assert new.traces.get(tid)["request"] == {"a": 1}
+    new.versions.add_drift_event(env="arith", kind="eval", before=0.9, after=0.1)
+    assert len(new.versions.drift_events()) == 1
 
 
 def test_past_successes_are_replayed(tmp_path, tiny_model_dir):
@@ -223,7 +223,7 @@ def test_past_successes_are_replayed(tmp_path, tiny_model_dir):
     cfg = _loop_cfg(tmp_path, tiny_model_dir, curriculum={"production_share": 0.25, "replay_share": 0.5})
     rounds = run_loop(cfg, echo=lambda m: None)
     assert rounds[0]["metrics"]["curriculum"]["replay_per_step"] == 2
-    assert {t["id"] for t in store.tasks(source="production")} == {t.id for t in good}
+    assert {t["id"] for t in store.traces.tasks(source="production")} == {t.id for t in good}
 
 
 def test_the_gate_evaluates_the_target_with_its_options(tmp_path):
@@ -252,17 +252,17 @@ def test_a_round_can_be_a_fine_tuning_job_on_production_traces(tmp_path, tiny_mo
     for i in range(48):
         prompt = "abcxyz"[(i // 2) % 6]       # each prompt answered both ways
         answer = "7" if i % 2 == 0 else "q"
-        tid = store.add_trace(model="t", model_version=1, request={"messages": [{"role": "user", "content": prompt}]},
+        tid = store.traces.add(model="t", model_version=1, request={"messages": [{"role": "user", "content": prompt}]},
                               response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
                               prompt_tokens=1, completion_tokens=1, latency_s=0.0)
-        store.add_feedback(tid, reward=float(answer.isdigit()))
+        store.traces.add_feedback(tid, reward=float(answer.isdigit()))
     (r,) = run_loop(cfg)
     m = r["metrics"]
     assert m["training"]["method"] == method and m["training"]["examples"] == (24 if method == "sft" else 6)
     assert m["training"]["loss_last"] < m["training"]["loss_first"]
     assert r["status"] == "promoted", (m["why"], m["training"])
     assert m["after"]["digit"] >= m["before"]["digit"] + 0.2
-    assert any(row["phase"] == "fine_tuning" and row["trained_tokens"] > 0 for row in store.ledger_rows("fine_tuning"))
+    assert any(row["phase"] == "fine_tuning" and row["trained_tokens"] > 0 for row in store.ledger.rows("fine_tuning"))
 
 
 def test_a_fine_tuning_round_without_enough_traces_trains_nothing(tmp_path, tiny_model_dir, monkeypatch):

@@ -199,12 +199,12 @@ def test_a_loop_says_when_its_environment_cannot_rebuild_production_tasks(tmp_pa
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())
     store = Store(tmp_path / "s.db")
-    tid = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+    tid = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                           completion_tokens=1, latency_s=0.0)
-    store.add_feedback(tid, reward=0.0, env="digit", task_id="dtrain0:1")
-    ok = store.add_trace(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
+    store.traces.add_feedback(tid, reward=0.0, env="digit", task_id="dtrain0:1")
+    ok = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                          completion_tokens=1, latency_s=0.0)
-    store.add_feedback(ok, reward=1.0, env="digit", task_id="dtrain0:2")    # a success, to replay
+    store.traces.add_feedback(ok, reward=1.0, env="digit", task_id="dtrain0:2")    # a success, to replay
     cfg = LoopConfig(store=str(tmp_path / "s.db"), env={"name": "digit"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

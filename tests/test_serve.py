@@ -45,7 +45,7 @@ def test_chat_completion_is_traced_before_the_response(server, client):
                                        max_tokens=8, temperature=0)
     assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens >= 1
     assert r.system_fingerprint == "gymloop-v0"
-    trace = server["store"].get_trace(r.id)
+    trace = server["store"].traces.get(r.id)
     assert trace is not None and trace["response"]["choices"][0]["message"]["content"] == r.choices[0].message.content
     assert server["store"].count("traces") == before + 1
 
@@ -58,7 +58,7 @@ def test_streamed_completion_matches_plain(server, client):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == plain.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    assert server["store"].get_trace(chunks[0].id) is not None
+    assert server["store"].traces.get(chunks[0].id) is not None
 
 
 def test_logprobs_are_returned_and_are_the_models(server, client):
@@ -98,7 +98,7 @@ def test_feedback(server, client):
     ok = httpx.post(server["base"] + "/v1/feedback", headers=h,
                     json={"trace_id": r.id, "reward": 0.0, "task": {"env": "arith", "version": 1, "task_id": "arith:1+1"}})
     assert ok.status_code == 200
-    fb = server["store"].feedback_for(r.id)
+    fb = server["store"].traces.feedback_for(r.id)
     assert fb[0]["reward"] == 0.0 and fb[0]["env"] == "arith" and fb[0]["task_id"] == "arith:1+1"
 
 
@@ -189,7 +189,7 @@ def test_concurrent_load_with_a_swap_in_the_middle(server, client):
     results = [x for out in per_client for x in out]
     assert at_swap < 800 - 32 * 5                   # the swap was queued with requests still to come
     assert len(results) == 800 and store.count("traces") == before + 800
-    assert all(store.get_trace(rid) is not None for rid, _ in results)
+    assert all(store.traces.get(rid) is not None for rid, _ in results)
     fingerprints = [fp for _, fp in results]
     assert set(fingerprints) == {"gymloop-v0", "gymloop-v7"}
     assert fingerprints.count("gymloop-v0") >= 100 and fingerprints.count("gymloop-v7") >= 32 * 5
@@ -253,7 +253,7 @@ def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
         t.join(10)
     store = Store(db)
     assert len(answered) > 10
-    missing = [a for a in answered if store.get_trace(a) is None]
+    missing = [a for a in answered if store.traces.get(a) is None]
     assert missing == [], f"{len(missing)} of {len(answered)} answered requests have no trace"
 
 
@@ -299,15 +299,15 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         assert served_version() == "gymloop-v0"
         assert main(["models", "add", str(dirs[12]), "--db", str(db), "--promote"]) == 0     # v1
         assert wait_for("gymloop-v1") and weights_equal(dirs[12])
-        bad = store.add_model_version(str(dirs[13]), parent=1, status="candidate")          # v2, worse on purpose
-        store.set_model_status(bad, "rejected", scores={"arith": 0.0})
+        bad = store.versions.add(str(dirs[13]), parent=1, status="candidate")          # v2, worse on purpose
+        store.versions.set_status(bad, "rejected", scores={"arith": 0.0})
         time.sleep(0.5)
         assert served_version() == "gymloop-v1" and weights_equal(dirs[12])
         assert main(["models", "add", str(dirs[13]), "--db", str(db), "--promote"]) == 0     # v3
         assert wait_for("gymloop-v3")
         assert main(["rollback", "1", "--db", str(db)]) == 0
         assert wait_for("gymloop-v1") and weights_equal(dirs[12])
-        assert {v["version"]: v["status"] for v in store.model_versions()} == {
+        assert {v["version"]: v["status"] for v in store.versions.list()} == {
             1: "promoted", 2: "rejected", 3: "rolled_back"}
         assert main(["rollback", "2", "--db", str(db)]) == 2                                # never promoted
         assert "never promoted" in capsys.readouterr().err
@@ -318,17 +318,17 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
 
 def test_serving_is_costed_in_the_ledger(server, client):
     store = server["store"]
-    served_before = sum(r["served_tokens"] for r in store.ledger_rows("serving"))
+    served_before = sum(r["served_tokens"] for r in store.ledger.rows("serving"))
     answered = sum(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i}"}],
                                                   max_tokens=4).usage.completion_tokens for i in range(5))
     assert answered > 0
     # the ledger is written once per poll tick: wait for the tick that carries these answers
     deadline = time.monotonic() + 60
-    while sum(r["served_tokens"] for r in store.ledger_rows("serving")) < served_before + answered:
+    while sum(r["served_tokens"] for r in store.ledger.rows("serving")) < served_before + answered:
         assert time.monotonic() < deadline, "the serving ledger never recorded the answers"
         time.sleep(server["cfg"].poll_s / 4)
-    stats = store.stats()
-    rows = store.ledger_rows("serving")
+    stats = store.ledger.stats()
+    rows = store.ledger.rows("serving")
     served = sum(r["served_tokens"] for r in rows)
     dollars = sum(r["dollars"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)

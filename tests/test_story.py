@@ -24,7 +24,7 @@ def test_story_serves_trains_and_switches_the_api(tmp_path, tiny_model_dir):
     store = Store(out / "story.db")
     assert store.count("feedback") == 30 and store.count("traces") >= 30   # a trace per turn, a verdict per episode
     # every production answer names a version the store knows
-    versions = {v["version"] for v in store.model_versions()}
+    versions = {v["version"] for v in store.versions.list()}
     assert {r["served_version"] for r in rows} <= versions
     text = story_table(summary)
     assert "production success:" in text and text.count("tools@v3") >= 2

@@ -241,17 +241,17 @@ def cmd_models(args: argparse.Namespace) -> int:
 
         path = args.dir
         if path.startswith("ft:"):            # a fine-tuning job's model or checkpoint, by its id
-            path = store.fine_tuned_path(path)
+            path = store.jobs.fine_tuned_path(path)
             if path is None:
                 print(f"error: no succeeded fine-tuning job or checkpoint has model id {args.dir!r} in {args.db}",
                       file=sys.stderr)
                 return 2
         load_model(path)  # refuse what is not a loadable model directory
-        version = store.add_model_version(str(Path(path).resolve()), parent=None,
+        version = store.versions.add(str(Path(path).resolve()), parent=None,
                                           status="promoted" if args.promote else "candidate")
         print(json.dumps({"version": version, "status": "promoted" if args.promote else "candidate"}))
         return 0
-    for r in store.model_versions():
+    for r in store.versions.list():
         print(f"v{r['version']:<4} {r['status']:<12} parent={r['parent']}  {r['path']}")
     return 0
 
@@ -259,7 +259,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from .store import Store
 
-    Store(args.db).rollback_to(args.version)
+    Store(args.db).versions.rollback_to(args.version)
     print(f"version {args.version} is promoted again; servers following {args.db} switch to it")
     return 0
 
@@ -281,7 +281,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     from .finetune.export import export
     from .store import Store
 
-    data = export(Store(args.db).graded_traces(), args.format)
+    data = export(Store(args.db).traces.graded(), args.format)
     if args.out:
         with open(args.out, "wb") as f:
             f.write(data)

@@ -88,6 +88,6 @@ class ServingLedger:
             sec, prompt, served = self.seconds, self.prompt, self.served
             self.seconds, self.prompt, self.served = 0.0, 0, 0
         if served or prompt:
-            self.store.add_ledger(LedgerRow(
+            self.store.ledger.add(LedgerRow(
                 "serving", sec, dollars=self.profile.dollars(sec), prompt_tokens=prompt, served_tokens=served,
                 flops=token_flops(self.params, prompt_tokens=prompt, served_tokens=served)))

@@ -85,7 +85,7 @@ class JobWorker:
                 self.run(job)
             except Exception as exc:  # noqa: BLE001 - a failed job is recorded, the worker goes on
                 log.error("fine-tuning job %s failed: %s", job["id"], traceback.format_exc())
-                self.store.update_job(job["id"], status="failed", finished_at=time.time(),
+                self.store.jobs.update(job["id"], status="failed", finished_at=time.time(),
                                       error={"code": "training_error", "message": f"{type(exc).__name__}: {exc}",
                                              "param": None},
                                       when_status=("running",),
@@ -94,19 +94,19 @@ class JobWorker:
                 self.current = None
 
     def _claim(self) -> dict | None:
-        job = self.store.next_job()
+        job = self.store.jobs.next()
         if job is None:
             return None
         now = time.time()
         if job["status"] == "queued":
-            ok = self.store.update_job(job["id"], status="running", started=now, heartbeat=now, worker=WORKER_ID,
+            ok = self.store.jobs.update(job["id"], status="running", started=now, heartbeat=now, worker=WORKER_ID,
                                        when_status=("queued",),
                                        event=("info", "Fine-tuning job started", "message", {}))
         else:   # running, and its worker is gone (kill -9): take it over and resume
             if not _worker_gone(job["worker"], job["heartbeat"], now):
                 return None
-            ok = self.store.update_job(job["id"], heartbeat=now, worker=WORKER_ID, when_status=("running",))
-        return self.store.get_job(None, job["id"]) if ok else None
+            ok = self.store.jobs.update(job["id"], heartbeat=now, worker=WORKER_ID, when_status=("running",))
+        return self.store.jobs.get(None, job["id"]) if ok else None
 
     def run(self, job: dict) -> None:
         jid, tenant = job["id"], job["tenant"]
@@ -116,11 +116,11 @@ class JobWorker:
         state = job["progress"] or {}
         resume = Path(state["checkpoint"]) if state.get("checkpoint") else None
         if resume is not None:
-            self.store.add_event(jid, "info", f"Resumed from the checkpoint at step {state['step']}")
-        rows = parse(self.store.file_content(tenant, job["training_file"]) or b"", method).rows
+            self.store.jobs.add_event(jid, "info", f"Resumed from the checkpoint at step {state['step']}")
+        rows = parse(self.store.files.content(tenant, job["training_file"]) or b"", method).rows
         valid = None
         if job["validation_file"]:
-            valid = parse(self.store.file_content(tenant, job["validation_file"]) or b"", method).rows
+            valid = parse(self.store.files.content(tenant, job["validation_file"]) or b"", method).rows
         ft_id = model_id(job)
         beat = [time.time()]
 
@@ -128,24 +128,24 @@ class JobWorker:
             msg = f"Step {m['step']}/{m['total_steps']}: training loss={m['train_loss']:.4f}"
             if "mean_reward" in m:
                 msg += f", mean reward={m['mean_reward']:.3f}"
-            self.store.add_event(jid, "info", msg, "metrics", m)
+            self.store.jobs.add_event(jid, "info", msg, "metrics", m)
             if time.time() - beat[0] > HEARTBEAT_S:
                 beat[0] = time.time()
-                self.store.update_job(jid, heartbeat=beat[0])
+                self.store.jobs.update(jid, heartbeat=beat[0])
 
         def on_checkpoint(step: int, metrics: dict, write) -> None:
             path = root / f"ckpt-step-{step}"
             write(path)
-            self.store.add_checkpoint(jid, step=step, path=str(path), model_id=f"{ft_id}:ckpt-step-{step}",
+            self.store.jobs.add_checkpoint(jid, step=step, path=str(path), model_id=f"{ft_id}:ckpt-step-{step}",
                                       metrics=metrics, state={"checkpoint": str(path), "step": step})
 
         def should_stop() -> str | None:
             if self._stop.is_set():
                 return "shutdown"
-            status = self.store.get_job(None, jid)["status"]
+            status = self.store.jobs.get(None, jid)["status"]
             if status == "queued":
                 # paused and resumed between two looks: carry on, and say it is running again
-                self.store.update_job(jid, status="running", heartbeat=time.time(), when_status=("queued",))
+                self.store.jobs.update(jid, status="running", heartbeat=time.time(), when_status=("queued",))
                 return None
             return status if status in ("cancelled", "paused") else None
 
@@ -155,9 +155,9 @@ class JobWorker:
                      chat=None if self.chat is None else functools.partial(self.chat, tenant))
         out = METHODS.impl(method)(run, Progress(on_metrics, on_checkpoint, should_stop, self.checkpoint_every))
         if out.get("message"):
-            self.store.add_event(jid, "info", out["message"], "message", out.get("data"))
+            self.store.jobs.add_event(jid, "info", out["message"], "message", out.get("data"))
         if out["status"] == "paused":
-            self.store.add_event(jid, "info", f"Paused at step {out['step']}; the checkpoint is saved")
+            self.store.jobs.add_event(jid, "info", f"Paused at step {out['step']}; the checkpoint is saved")
         if out["status"] != "succeeded":
             return               # cancelled / paused (checkpointed) / shutdown: the store says what next
         final = out["final"]
@@ -167,22 +167,22 @@ class JobWorker:
         results = self._results_file(jid, tenant)
         active = out["active_parameters"]
         seconds = out["seconds"]
-        self.store.update_job(
+        self.store.jobs.update(
             jid, status="succeeded", finished_at=time.time(), fine_tuned_model=ft_id, final_path=str(final),
             trained_tokens=out["trained_tokens"], result_files=[results], when_status=("running",),
             event=("info", "The job has successfully completed", "message", {}),
             # the whole job's cost, written with its success: counted once, however many restarts
-            ledger=job_row(jid, seconds, out["trained_tokens"], active, self.profile))
+            ledger_row=job_row(jid, seconds, out["trained_tokens"], active, self.profile))
 
     def _results_file(self, jid: str, tenant: str) -> str:
         """step, train_loss, ... of every step as a CSV file (purpose fine-tune-results)."""
-        events, _ = self.store.job_events(jid, limit=1_000_000)
+        events, _ = self.store.jobs.events(jid, limit=1_000_000)
         steps = sorted((e["data"] for e in events if e["type"] == "metrics"), key=lambda d: d["step"])
         cols = ["step"] + sorted({k for d in steps for k in d} - {"step"})
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
         w.writerows(steps)
-        f = self.store.add_file(tenant=tenant, filename=f"{jid}-results.csv", purpose="fine-tune-results",
+        f = self.store.files.add(tenant=tenant, filename=f"{jid}-results.csv", purpose="fine-tune-results",
                                 content=buf.getvalue().encode(), status="processed", status_details=None, kind=None)
         return f["id"]

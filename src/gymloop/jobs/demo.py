@@ -35,8 +35,8 @@ def serve_and_measure(run_dir: Path, cfg: TrainConfig, requests: int, concurrenc
     with serving(scfg) as (base, _, store):
         traffic = send_traffic(base, key, "gymloop-demo", env, tasks, concurrency=concurrency,
                                max_tokens=cfg.eval.max_new_tokens, max_turns=cfg.env.max_turns)
-    rows = store.ledger_rows("serving")
-    stats = store.stats()          # serving dollars and cost per 1M served tokens, from the same rows
+    rows = store.ledger.rows("serving")
+    stats = store.ledger.stats()          # serving dollars and cost per 1M served tokens, from the same rows
     return {
         "store": scfg.db, "requests": stats["traces"], "episodes": traffic.episodes,
         "errors": traffic.errors, "production_success": traffic.success_rate,

@@ -111,12 +111,12 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     with serving(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
                              api_keys=[key], poll_s=0.5, default_max_tokens=cfg.max_new_tokens)) as (url, batcher, store):
         # The base is the first served version, so every production answer names a stored version.
-        store.add_model_version(base, parent=None, status="promoted", scores={})
+        store.versions.add(base, parent=None, status="promoted", scores={})
         for r in range(1, total + 2):                # the last pass only measures production
             version = cfg.api_before if r <= cfg.rounds_before else cfg.api_after
             if r == cfg.rounds_before + 1:
                 echo(f"the tool API changes: tools@v{cfg.api_before} -> tools@v{cfg.api_after} ({API_CHANGES[cfg.api_after]})")
-            _wait_for(batcher, store.promoted()["version"])
+            _wait_for(batcher, store.versions.promoted()["version"])
             env = make_env("tools", version=version, schemas=cfg.schemas)
             tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.seed, r))
             traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
@@ -137,7 +137,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
         # the summary again, now with the production traffic after the last round
         write_loop_files(store, loop_cfg, suite_envs(loop_cfg)[0].name, out / "story", load_profiles(loop_cfg.cost.profiles_file))
     loop = json.loads((out / "story" / "summary.json").read_text())
-    loop["cost_per_1m_served_tokens"] = store.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
+    loop["cost_per_1m_served_tokens"] = store.ledger.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
     summary = story_summary(cfg, rows, loop, time.perf_counter() - t0)
     write_json(out / "story.json", summary)
     return {**summary, "dir": str(out), "report": str(out / "story" / "report.html")}

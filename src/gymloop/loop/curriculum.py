@@ -35,12 +35,12 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
                 skipped += 1  # a reference this environment cannot rebuild: counted, never a crash
                 continue
             t = Task(**{**t.__dict__, "source": "production", "split": "train"})
-            store.add_task(t)
+            store.traces.add_task(t)
             out.append(t)
         return out
 
-    failures = rebuild(store.production_failures())
-    successes = rebuild(store.production_successes())
+    failures = rebuild(store.traces.production_failures())
+    successes = rebuild(store.traces.production_successes())
     if skipped and not rebuilds_tasks(env):
         # the loop then learns from fresh tasks only
         warnings.warn(f"environment {env.name!r} has no task_from_id: {skipped} production tasks cannot "
@@ -66,7 +66,7 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
 def lineage_start(cfg: LoopConfig, store: Store, served: dict) -> dict:
     """The model version round training starts from (with its optimizer state)."""
     if cfg.lineage == "latest":
-        done = store.rounds(cfg.name)
+        done = store.versions.rounds(cfg.name)
         if done:
-            return store.model_version(done[-1]["metrics"]["version"])
+            return store.versions.get(done[-1]["metrics"]["version"])
     return served

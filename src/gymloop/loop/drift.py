@@ -18,10 +18,10 @@ def detect_drift(cfg: LoopConfig, store: Store, r: int, promoted_scores: dict[st
     for env, then in promoted_scores.items():
         if env in now and then - now[env] > cfg.drift.eval_drop:
             events.append({"env": env, "kind": "eval", "before": then, "after": now[env]})
-    for env, (recent, prior, n, n_prior) in store.failure_rates(cfg.drift.window).items():
+    for env, (recent, prior, n, n_prior) in store.traces.failure_rates(cfg.drift.window).items():
         # a rise needs a history to rise from: the first traffic ever is not drift
         if min(n, n_prior) >= cfg.drift.window // 2 and recent - prior > cfg.drift.failure_rise:
             events.append({"env": env, "kind": "production", "before": prior, "after": recent})
     for e in events:
-        store.add_drift_event(run_id=cfg.name, round=r, **e)
+        store.versions.add_drift_event(run_id=cfg.name, round=r, **e)
     return events

@@ -26,7 +26,7 @@ def train_on_traces(store, rm: RoundMethod, start_dir: str, root: Path, seed: in
                     profile: Profile) -> tuple[str, dict, list[LedgerRow]]:
     """(candidate directory, the round's training stats, its ledger rows)."""
     fmt, method = EXPORT[rm.method]
-    data = export(store.graded_traces(), fmt)
+    data = export(store.traces.graded(), fmt)
     rows = parse(data, method).rows if data.strip() else []
     root.mkdir(parents=True, exist_ok=True)
     (root / f"traces.{fmt}.jsonl").write_bytes(data)          # what the round trained on, kept with it

@@ -47,11 +47,11 @@ def gate(before: dict[str, float], after: dict[str, float], target: str, g: Gate
 def ensure_production(store, base_dir: str, suites: list, cfg: LoopConfig) -> dict:
     """The promoted model version; when there is none yet, `base_dir` is recorded as version 1,
     promoted, with its scores (a later promotion then has a version to roll back to)."""
-    current = store.promoted()
+    current = store.versions.promoted()
     if current is None:
-        vid = store.add_model_version(base_dir, parent=None, status="promoted",
+        vid = store.versions.add(base_dir, parent=None, status="promoted",
                                       scores=suite_scores(base_dir, suites, cfg))
-        current = store.model_version(vid)
+        current = store.versions.get(vid)
     return current
 
 
@@ -66,7 +66,7 @@ def gate_and_promote(store, candidate: str, base_dir: str, cfg: LoopConfig) -> d
     before = suite_scores(current["path"], suites, cfg)
     after = suite_scores(candidate, suites, cfg)
     ok, why = gate(before, after, target, cfg.gate)
-    version = (store.add_model_version(candidate, parent=current["version"], status="promoted", scores=after)
+    version = (store.versions.add(candidate, parent=current["version"], status="promoted", scores=after)
                if ok else None)
     return {"promoted": ok, "why": why, "before": before, "after": after, "target": target, "version": version,
             "production_version": current["version"]}

@@ -39,20 +39,20 @@ from ..orchestrator.train import train
 
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
     store = Store(cfg.store)
-    store.ensure_run(cfg.name, cfg.model_dump(mode="json"))
+    store.versions.ensure_run(cfg.name, cfg.model_dump(mode="json"))
     profiles = load_profiles(cfg.cost.profiles_file)
     profile = profiles[cfg.cost.profile]
     suites = suite_envs(cfg)
     target = suites[0].name
     loop_dir = Path(cfg.run_dir) / cfg.name
     bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
-                       initial=store.last_round(cfg.name))
-    while cfg.rounds is None or store.last_round(cfg.name) < cfg.rounds:
-        r = store.last_round(cfg.name) + 1
+                       initial=store.versions.last_round(cfg.name))
+    while cfg.rounds is None or store.versions.last_round(cfg.name) < cfg.rounds:
+        r = store.versions.last_round(cfg.name) + 1
         started = time.time()
         phases = Phases()     # the loop's own work; train() accounts for its phases
         with phases.time("gate_evaluation"):     # the first round records the base model as version 1
-            current = store.promoted() or ensure_production(
+            current = store.versions.promoted() or ensure_production(
                 store, str(resolve_model(cfg.model, progress=progress)), suites, cfg)
         # Re-measured every round: an environment that changed shows up as a drop here.
         with phases.time("gate_evaluation"):
@@ -89,9 +89,9 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         status = "promoted" if promote else "rejected"
         finished = time.time()
         ledger = round_rows(trained, phases.seconds, profile, finished - started)
-        version = store.commit_round(
+        version = store.versions.commit_round(
             cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
-            started=started, finished=finished, ledger=ledger,
+            started=started, finished=finished, ledger_rows=ledger,
             metrics={"target": target, "served_version": current["version"], "trained_from": start["version"],
                      "before": before, "after": after, "why": why, "curriculum": cur_stats,
                      "drift": drift,
@@ -101,7 +101,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         bar.update(1)
         bar.set_postfix({"served": f"v{version if promote else current['version']}", target: f"{(after if promote else before)[target]:.2f}"})
     bar.close()
-    return store.rounds(cfg.name)
+    return store.versions.rounds(cfg.name)
 
 
 def training_stats(summary: dict) -> dict:

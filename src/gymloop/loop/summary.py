@@ -21,10 +21,10 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
     of it is what keeping the model worth serving costs. Intelligence per dollar is held-out
     points of the target suite per dollar: from the base (first round's served model) over the
     cumulative spend, and per promotion over that round's spend."""
-    rounds = store.rounds(run_id)
-    costs = store.round_costs(run_id)
-    versions = {v["version"]: v for v in store.model_versions()}
-    events = [e for e in store.drift_events() if e["run_id"] == run_id]
+    rounds = store.versions.rounds(run_id)
+    costs = store.ledger.round_costs(run_id)
+    versions = {v["version"]: v for v in store.versions.list()}
+    events = [e for e in store.versions.drift_events() if e["run_id"] == run_id]
     rows: list[dict] = []
     spent = 0.0
     base = rounds[0]["metrics"]["before"] if rounds else {}
@@ -39,7 +39,7 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
         phases = costs.get(r["round"], {})
         dollars = sum(p["dollars"] for p in phases.values())
         spent += dollars
-        prod = store.production_success(since, r["finished"])
+        prod = store.traces.production_success(since, r["finished"])
         since = r["finished"]
         goal = m.get("target", target)      # what the round trained for (it may change: a new API version)
         gain_prev = 100 * (m["after"][goal] - m["before"][goal]) if promoted else 0.0
@@ -60,10 +60,10 @@ def loop_summary(store: Store, run_id: str, target: str, epsilon: float,
             "intelligence_per_dollar": gained / spent if gained is not None and spent > 0 else None,
             "promotion_points_per_dollar": gain_prev / dollars if promoted and dollars > 0 else None,
         })
-    serving = store.stats()
+    serving = store.ledger.stats()
     last = rows[-1] if rows else None
     # traffic served since the last round (its production success is nobody's round yet)
-    tail = store.production_success(since, float("inf")) if rows else {}
+    tail = store.traces.production_success(since, float("inf")) if rows else {}
     production_after = {env: ok / n for env, (ok, n) in tail.items() if n}
     flops = sum(p["flops"] for c in costs.values() for p in c.values())
     return {

@@ -69,7 +69,7 @@ def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> N
     from safetensors.torch import load_file
 
     def check() -> None:
-        row = store.promoted()
+        row = store.versions.promoted()
         if row is None or row["version"] == batcher.version:
             return
         from pathlib import Path

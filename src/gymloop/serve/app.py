@@ -23,13 +23,16 @@ from starlette.concurrency import run_in_threadpool
 
 from ..models.chat import ChatTokenizer
 from ..engine import SamplingParams
-from ..store import Store, StoreError
+from ..store import Conflict, NotFound, Store, StoreError
 from .fine_tuning import add_routes
 from .pool import ModelPool
 from .batcher import Batcher, BatcherStopped
 from .openapi import error_responses, json_body, json_int
 from .config import ServeConfig
 from .dashboard import PAGE, dashboard_data
+
+# what each refusal of the store answers (typed: never read from a message)
+STATUS_OF = {StoreError: 400, NotFound: 404, Conflict: 409}
 
 
 class APIError(Exception):
@@ -196,7 +199,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         """The batcher, tokenizer and reported name of the model a request names (404: unknown)."""
         if model == name:
             return batcher, tok, name
-        path = store.fine_tuned_model(tenant, model) if cfg.fine_tuning else None
+        path = store.jobs.fine_tuned_model(tenant, model) if cfg.fine_tuning else None
         if path is None:
             raise APIError(404, f"model {model!r} not found; this server serves {name!r} and your "
                            "fine-tuned models (GET /v1/models)", param="model")
@@ -212,7 +215,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
             return str(resolve_model(cfg.model, progress=False))
         if model in cfg.trainable_models:
             return str(resolve_model(model, progress=False))
-        return store.fine_tuned_model(tenant, model)
+        return store.jobs.fine_tuned_model(tenant, model)
 
     app.state.resolve_trainable = resolve_trainable
 
@@ -269,7 +272,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         _, tenant = authenticate(request)
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "gymloop", "version": batcher.version}]
         data += [{"id": m["id"], "object": "model", "created": int(m["created"]), "owned_by": tenant,
-                  "fine_tuning_job": m["job"]} for m in store.fine_tuned_models(tenant)]
+                  "fine_tuning_job": m["job"]} for m in store.jobs.fine_tuned_models(tenant)]
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest, {
@@ -323,7 +326,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
                               "total_tokens": len(prompt) + len(gen.token_ids)}}
             latency = time.perf_counter() - t0
             # Committed before the response leaves: a 200 always has its trace.
-            trace_id = await asyncio.wrap_future(store.add_trace_committed(
+            trace_id = await asyncio.wrap_future(store.traces.add_committed(
                 model=name, model_version=version, request=request_record, response=body,
                 prompt_tokens=len(prompt), completion_tokens=len(gen.token_ids), latency_s=latency,
                 key_id=key_id, trace_id=cid))
@@ -391,12 +394,11 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
             raise APIError(400, "feedback needs a reward (0..1) or a label", param="reward")
         try:
             fid = await run_in_threadpool(
-                store.add_feedback, fb.trace_id, reward=fb.reward, label=fb.label,
+                store.traces.add_feedback, fb.trace_id, reward=fb.reward, label=fb.label,
                 env=fb.task.env if fb.task else None, env_version=fb.task.version if fb.task else None,
                 task_id=fb.task.task_id if fb.task else None)
         except StoreError as exc:
-            status = 404 if "unknown trace" in str(exc) else 400
-            raise APIError(status, str(exc), param="trace_id") from None
+            raise APIError(STATUS_OF[type(exc)], str(exc), param="trace_id") from None
         metrics.count(200)
         return {"id": fid, "trace_id": fb.trace_id}
 
@@ -404,7 +406,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         add_routes(app, store=store, tenant_of=lambda r: authenticate(r)[1], body_json=body_json, validate=validate,
                    error=APIError, trainable=lambda tenant, model: resolve_trainable(tenant, model) is not None,
                    chat=grader_chat,
-                   servable=lambda tenant, model: model == name or store.fine_tuned_model(tenant, model) is not None,
+                   servable=lambda tenant, model: model == name or store.jobs.fine_tuned_model(tenant, model) is not None,
                    is_admin=lambda r: bool(cfg.require_auth and _bearer(r) in set(cfg.admin_keys)),
                    production_dir=lambda: resolve_trainable("", name))
     return app

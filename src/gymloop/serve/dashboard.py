@@ -81,8 +81,8 @@ refresh(); setInterval(refresh, 3000);
 
 
 def dashboard_data(store, batcher, metrics, model_name: str) -> dict:
-    rounds = store.recent_rounds(50)
+    rounds = store.versions.recent_rounds(50)
     spend = sum(((r["metrics"].get("economics") or {}).get("post_training_dollars") or 0.0) for r in rounds)
-    return {"model": model_name, "version": batcher.version, "stats": store.stats(),
-            "requests": dict(metrics.requests), "rounds": rounds, "versions": store.model_versions()[-20:],
+    return {"model": model_name, "version": batcher.version, "stats": store.ledger.stats(),
+            "requests": dict(metrics.requests), "rounds": rounds, "versions": store.versions.list()[-20:],
             "post_training_dollars": spend}

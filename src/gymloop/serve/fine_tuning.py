@@ -100,7 +100,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         except FormatError as exc:
             # kept, and said: the file is listed with the first bad line, nothing is lost
             status, details, kind, examples = "error", str(exc), None, None
-        f = await run_in_threadpool(store.add_file, tenant=tenant, filename=upload.filename or "upload.jsonl",
+        f = await run_in_threadpool(store.files.add, tenant=tenant, filename=upload.filename or "upload.jsonl",
                                     purpose=purpose, content=content, status=status, status_details=details,
                                     kind=kind, examples=examples)
         return _file(f)
@@ -108,7 +108,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
     @app.get("/v1/files", responses=error_responses(400, 401))
     async def list_files(request: Request):
         tenant = tenant_of(request)
-        rows, more = store.list_files(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+        rows, more = store.files.list(tenant, after=request.query_params.get("after"), limit=limit_of(request),
                                       purpose=request.query_params.get("purpose"))
         return _page([_file(f) for f in rows], more)
 
@@ -119,7 +119,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         return row
 
     def own_file(tenant: str, file_id: str) -> dict:
-        return found(store.get_file(tenant, file_id), f"File object: {file_id}", "id")
+        return found(store.files.get(tenant, file_id), f"File object: {file_id}", "id")
 
     @app.get("/v1/files/{file_id}", responses=error_responses(401, 404))
     async def get_file(file_id: str, request: Request):
@@ -131,13 +131,13 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
     async def file_content(file_id: str, request: Request):
         tenant = tenant_of(request)
         own_file(tenant, file_id)
-        return Response(store.file_content(tenant, file_id), media_type="application/octet-stream")
+        return Response(store.files.content(tenant, file_id), media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
     async def delete_file(file_id: str, request: Request):
         tenant = tenant_of(request)
         own_file(tenant, file_id)
-        store.delete_file(tenant, file_id)
+        store.files.delete(tenant, file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     # --- graders ---------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
             fid = getattr(body, param)
             if fid is None:
                 continue
-            f = found(store.get_file(tenant, fid), f"File object: {fid}", param)
+            f = found(store.files.get(tenant, fid), f"File object: {fid}", param)
             # the request is well-formed; the file it names is not fit for it (409, as OpenAI's state errors)
             if f["status"] != "processed":
                 raise error(409, f"file {fid} is not a valid training file: {f['status_details']}", param=param)
@@ -218,7 +218,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         tenant = tenant_of(request)
         body: JobCreate = validate(JobCreate, await body_json(request))
         spec, hyper, _ = await run_in_threadpool(check_create, tenant, body)
-        job = store.add_job(tenant=tenant, model=body.model, training_file=body.training_file,
+        job = store.jobs.add(tenant=tenant, model=body.model, training_file=body.training_file,
                             validation_file=body.validation_file, suffix=body.suffix,
                             seed=body.seed if body.seed is not None else int(time.time()) % 2**31,
                             metadata=body.metadata or {}, method=spec, hyperparameters=hyper)
@@ -235,7 +235,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         method = spec["type"]
         tokens = await run_in_threadpool(_tokens_of, store, tenant, body.training_file, method, hyper["resolved"])
         trained = tokens * hyper["resolved"]["n_epochs"]
-        rate = store.fine_tuning_rate()
+        rate = store.ledger.fine_tuning_rate()
         out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
                "hyperparameters": hyper["public"]}
         if rate is not None:
@@ -248,12 +248,12 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
     async def list_jobs(request: Request):
         tenant = tenant_of(request)
         meta = {k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
-        rows, more = store.list_jobs(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+        rows, more = store.jobs.list(tenant, after=request.query_params.get("after"), limit=limit_of(request),
                                      metadata=meta or None)
         return _page([_job(j) for j in rows], more)
 
     def own_job(tenant: str, job_id: str) -> dict:
-        return found(store.get_job(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
+        return found(store.jobs.get(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
 
     @app.get("/v1/fine_tuning/jobs/{job_id}", responses=error_responses(401, 404))
     async def get_job(job_id: str, request: Request):
@@ -271,9 +271,9 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
             tenant = tenant_of(request)
             own_job(tenant, job_id)
             extra = {"finished_at": time.time()} if new == "cancelled" else {}
-            if not store.update_job(job_id, status=new, when_status=allowed,
+            if not store.jobs.update(job_id, status=new, when_status=allowed,
                                     event=("info", message, "message", {}), **extra):
-                raise error(409, f"cannot {action} a job that is {store.get_job(tenant, job_id)['status']}",
+                raise error(409, f"cannot {action} a job that is {store.jobs.get(tenant, job_id)['status']}",
                             param="fine_tuning_job_id")
             return _job(own_job(tenant, job_id))
         return route
@@ -290,7 +290,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
             return _page([shape(r) for r in rows], more)
         return route
 
-    for what, read, shape in (("events", store.job_events, _event), ("checkpoints", store.job_checkpoints, _checkpoint)):
+    for what, read, shape in (("events", store.jobs.events, _event), ("checkpoints", store.jobs.checkpoints, _checkpoint)):
         app.get(f"/v1/fine_tuning/jobs/{{job_id}}/{what}", name=f"job_{what}",
                 responses=error_responses(400, 401, 404))(job_list(read, shape))
 
@@ -321,7 +321,7 @@ def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str
         PeftModel.from_pretrained(base, dir)."""
         tenant = tenant_of(request)
         own_job(tenant, job_id)
-        ckpt = found(store.get_checkpoint(job_id, checkpoint_id), f"checkpoint: {checkpoint_id}", "checkpoint_id")
+        ckpt = found(store.jobs.get_checkpoint(job_id, checkpoint_id), f"checkpoint: {checkpoint_id}", "checkpoint_id")
         format = request.query_params.get("format", "merged")
         if format not in FORMATS:
             raise error(400, f"format must be one of {', '.join(FORMATS)} (got {format!r})", param="format")
@@ -341,7 +341,7 @@ def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error
     from ..loop.gate import gate_and_promote
     from ..loop.config import LoopConfig
 
-    current = store.promoted()
+    current = store.versions.promoted()
     production = current["path"] if current else base_dir
     shape = lambda d: {k: v for k, v in json.loads((Path(d) / "config.json").read_text()).items() if k in SHAPE_KEYS}  # noqa: E731
     if shape(job["final_path"]) != shape(production):
@@ -356,7 +356,7 @@ def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error
         raise error(400, str(exc), param="env") from None
     msg = (f"Promoted to production as version {out['version']}: {out['why']}" if out["promoted"]
            else f"Not promoted (production stays version {out['production_version']}): {out['why']}")
-    store.add_event(job["id"], "info", msg, "message", out)
+    store.jobs.add_event(job["id"], "info", msg, "message", out)
     return {"object": "fine_tuning.job.promotion", "fine_tuning_job_id": job["id"],
             "fine_tuned_model": job["fine_tuned_model"], **out}
 
@@ -395,7 +395,7 @@ def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -
     from ..finetune.examples import completion_example, sft_example
 
     tok = nano_tokenizer()
-    rows = parse(store.file_content(tenant, file_id)).rows
+    rows = parse(store.files.content(tenant, file_id)).rows
     if method == "supervised":
         return sum(len(sft_example(tok, r)[0]) for r in rows)
     if method == "reinforcement":
