@@ -621,7 +621,7 @@ def test_traces_export_as_training_files(server, client, capsys, tmp_path):
         tid = r.headers["x-gymloop-trace-id"]
         httpx.post(base + "/v1/feedback", headers={"Authorization": f"Bearer {KEY}"},
                    json={"trace_id": tid, "reward": reward, "task": {"env": "arith", "task_id": "t:2+2"}})
-    db = server["app"].state.store.path
+    db = server["app"].state.services.store.path
     files = {}
     for fmt in ("sft", "dpo", "rft"):
         out = tmp_path / f"{fmt}.jsonl"

@@ -178,12 +178,12 @@ def test_a_new_api_version_failing_after_the_old_one_worked_is_drift_of_the_new_
     cfg = LoopConfig.model_validate({"drift": {"window": 20, "failure_rise": 0.3}})
     for i in range(20):
         _feedback(store, f"tools:apple:{i}:1", float(i % 2), env="tools@v1")
-    assert detect_drift(cfg, store, 1, {}, {}) == []          # the first traffic has nothing to rise from
+    assert detect_drift(cfg.drift, cfg.name, store, 1, {}, {}) == []          # the first traffic has nothing to rise from
     for i in range(20):
         _feedback(store, f"tools:apple:{i}:1", 1.0, env="tools@v1")
     for i in range(20):
         _feedback(store, f"tools:apple:{i}:1", 0.0 if i % 10 else 1.0, env="tools@v2")
-    events = detect_drift(cfg, store, 3, {}, {})
+    events = detect_drift(cfg.drift, cfg.name, store, 3, {}, {})
     assert [(e["env"], e["kind"], e["before"], e["after"]) for e in events] == [("tools@v2", "production", 0.0, 0.9)]
     assert [(e["round"], e["env"]) for e in store.versions.drift_events()] == [(3, "tools@v2")]
 

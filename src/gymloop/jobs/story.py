@@ -135,7 +135,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
                            drift=[e["kind"] for e in last["metrics"]["drift"]])
             rows.append(row)
         # the summary again, now with the production traffic after the last round
-        write_loop_files(store, loop_cfg, suite_envs(loop_cfg)[0].name, out / "story", load_profiles(loop_cfg.cost.profiles_file))
+        write_loop_files(store, loop_cfg, suite_envs(loop_cfg.gate_run())[0].name, out / "story", load_profiles(loop_cfg.cost.profiles_file))
     loop = json.loads((out / "story" / "summary.json").read_text())
     loop["cost_per_1m_served_tokens"] = store.ledger.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
     summary = story_summary(cfg, rows, loop, time.perf_counter() - t0)

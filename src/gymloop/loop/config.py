@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..config import EvalConfig, GRPOConfig, RunBlocks, _Strict
+from ..config import EnvSpec, EvalConfig, GRPOConfig, RunBlocks, _Strict
 
 
 class GateConfig(_Strict):
@@ -53,6 +53,18 @@ class RoundMethod(_Strict):
                               "nothing (the candidate is the start model, which the gate rejects).")
 
 
+class GateRun(_Strict):
+    """What the gate needs to measure and decide: the target environment, the other suites, how
+    many held-out tasks (and tokens) each, the seed of their sample, and the rule. A loop makes
+    one from its config (LoopConfig.gate_run); the API's promotion from its request."""
+
+    env: EnvSpec = Field(default_factory=EnvSpec, description="The target environment, with its options.")
+    suites: list[str] = Field(default_factory=list, description="Other held-out suites guarded against regression.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Tasks per suite and tokens per turn.")
+    seed: int = Field(0, description="Seed of each suite's held-out sample.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="The rule.")
+
+
 class LoopConfig(RunBlocks):
     """`gymloop run CONFIG.yaml`: the blocks of a training run (each round is one, on the
     promoted model) and what only a loop has: its store, gate, curriculum and drift detection."""
@@ -83,3 +95,6 @@ class LoopConfig(RunBlocks):
             raise ValueError("grpo.lr_schedule must be 'constant' in a loop (it never ends; a decay would "
                              "leave every round after the first at the floor)")
         return g
+
+    def gate_run(self) -> GateRun:
+        return GateRun(env=self.env, suites=self.suites, eval=self.eval, seed=self.seed, gate=self.gate)

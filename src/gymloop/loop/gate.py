@@ -3,25 +3,21 @@ broke nothing. Suites are the target environment, built with its options, and ev
 held-out suite; the rule itself (`gate`) is a pure function of the scores."""
 from __future__ import annotations
 
-
-
-from .config import GateConfig, LoopConfig
+from .config import GateConfig, GateRun
 from ..engine import Engine
 from ..envs import make_env
 from ..models.checkpoint import load_model
 from ..rollout.evaluate import evaluate
 
 
-
-
-def suite_envs(cfg: LoopConfig) -> list:
+def suite_envs(cfg: GateRun) -> list:
     """The gate's suites: the target environment with its configured options (a loop on
     `arith` with `digits: 3` is gated on 3-digit tasks), then every other suite by name."""
     target = make_env(cfg.env.name, **cfg.env.options)
     return [target] + [make_env(s) for s in cfg.suites if make_env(s).name != target.name]
 
 
-def suite_scores(model_dir: str, suites: list, cfg: LoopConfig) -> dict[str, float]:
+def suite_scores(model_dir: str, suites: list, cfg: GateRun) -> dict[str, float]:
     """Greedy held-out pass@1 of a model on each suite environment, by environment name."""
     model, tok = load_model(model_dir)
     engine = Engine(model, tok.pad_token_id, decode=tok.decode)
@@ -44,7 +40,7 @@ def gate(before: dict[str, float], after: dict[str, float], target: str, g: Gate
     return True, f"{target} rose by {gain:+.3f}"
 
 
-def ensure_production(store, base_dir: str, suites: list, cfg: LoopConfig) -> dict:
+def ensure_production(store, base_dir: str, suites: list, cfg: GateRun) -> dict:
     """The promoted model version; when there is none yet, `base_dir` is recorded as version 1,
     promoted, with its scores (a later promotion then has a version to roll back to)."""
     current = store.versions.promoted()
@@ -55,7 +51,7 @@ def ensure_production(store, base_dir: str, suites: list, cfg: LoopConfig) -> di
     return current
 
 
-def gate_and_promote(store, candidate: str, base_dir: str, cfg: LoopConfig) -> dict:
+def gate_and_promote(store, candidate: str, base_dir: str, cfg: GateRun) -> dict:
     """A model from outside the loop (a fine-tuning job's) through the loop's gate: both the
     production model and the candidate scored on the same suites now; promoted (a new version
     whose parent is production, which servers following the store switch to) only if `gate`

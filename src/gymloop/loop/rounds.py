@@ -42,7 +42,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
     store.versions.ensure_run(cfg.name, cfg.model_dump(mode="json"))
     profiles = load_profiles(cfg.cost.profiles_file)
     profile = profiles[cfg.cost.profile]
-    suites = suite_envs(cfg)
+    gate_run = cfg.gate_run()
+    suites = suite_envs(gate_run)
     target = suites[0].name
     loop_dir = Path(cfg.run_dir) / cfg.name
     bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
@@ -53,13 +54,13 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         phases = Phases()     # the loop's own work; train() accounts for its phases
         with phases.time("gate_evaluation"):     # the first round records the base model as version 1
             current = store.versions.promoted() or ensure_production(
-                store, str(resolve_model(cfg.model, progress=progress)), suites, cfg)
+                store, str(resolve_model(cfg.model, progress=progress)), suites, gate_run)
         # Re-measured every round: an environment that changed shows up as a drop here.
         with phases.time("gate_evaluation"):
-            before = suite_scores(current["path"], suites, cfg)
+            before = suite_scores(current["path"], suites, gate_run)
         start = lineage_start(cfg, store, current)
         start_dir = start["path"]
-        drift = detect_drift(cfg, store, r, current["scores"], before)
+        drift = detect_drift(cfg.drift, cfg.name, store, r, current["scores"], before)
         if drift:
             echo(f"round {r}: drift " + ", ".join(
                 f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
@@ -84,7 +85,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             economics = {"dollars": sum(x.dollars for x in rows), "post_training_dollars": sum(x.dollars for x in rows),
                          "cost_per_1m_generated_tokens": None}
         with phases.time("gate_evaluation"):
-            after = suite_scores(candidate, suites, cfg)
+            after = suite_scores(candidate, suites, gate_run)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
         finished = time.time()

@@ -32,16 +32,16 @@ def build(cfg: ServeConfig):
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     app = create_app(cfg, store, batcher, tok)
-    app.state.serving_ledger = serving      # flush() it to price the last seconds of serving
+    svc = app.state.services
+    svc.serving_ledger = serving      # flush() it to price the last seconds of serving
     if cfg.fine_tuning and cfg.job_worker:
         from pathlib import Path
 
         from ..finetune.worker import JobWorker
 
         jobs = Path(cfg.jobs_dir) if cfg.jobs_dir else Path(cfg.db).resolve().parent / "ft-jobs"
-        app.state.worker = JobWorker(store, jobs, app.state.resolve_trainable, profiles[cfg.cost_profile],
-                                     cfg.cost_profile, checkpoint_every=cfg.checkpoint_every,
-                                     chat=app.state.grader_chat).start()
+        svc.worker = JobWorker(store, jobs, svc.resolve_trainable, profiles[cfg.cost_profile],
+                               cfg.cost_profile, checkpoint_every=cfg.checkpoint_every, chat=svc.grader_chat).start()
     return app, batcher, store
 
 
@@ -49,14 +49,7 @@ def shutdown(app) -> None:
     """Stop what `build` started: the fine-tuning worker (a running job stays `running` and is
     resumed by the next worker), the models served on demand, the batcher; price the last
     seconds of serving."""
-    worker = getattr(app.state, "worker", None)
-    if worker is not None:
-        worker.stop()
-    app.state.pool.close()
-    if hasattr(app.state, "close_graders"):
-        app.state.close_graders()
-    app.state.batcher.close()
-    app.state.serving_ledger.flush()
+    app.state.services.close()
 
 
 def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> None:

@@ -80,9 +80,9 @@ refresh(); setInterval(refresh, 3000);
 </script></body></html>"""
 
 
-def dashboard_data(store, batcher, metrics, model_name: str) -> dict:
+def dashboard_data(store, batcher, requests: dict[str, int], model_name: str) -> dict:
     rounds = store.versions.recent_rounds(50)
     spend = sum(((r["metrics"].get("economics") or {}).get("post_training_dollars") or 0.0) for r in rounds)
     return {"model": model_name, "version": batcher.version, "stats": store.ledger.stats(),
-            "requests": dict(metrics.requests), "rounds": rounds, "versions": store.versions.list()[-20:],
+            "requests": requests, "rounds": rounds, "versions": store.versions.list()[-20:],
             "post_training_dollars": spend}

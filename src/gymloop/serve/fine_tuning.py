@@ -1,22 +1,24 @@
 """The fine-tuning API on `gymloop serve`, as the official `openai` client calls it:
 /v1/files, /v1/fine_tuning/jobs (create, list, retrieve, cancel, pause, resume, events,
 checkpoints and their downloads, estimate, and an admin key's promote) and
-/v1/fine_tuning/alpha/graders (run, validate). Request bodies: fine_tuning_bodies.py. Every API key is a tenant: it sees only its own files, jobs and models,
+/v1/fine_tuning/alpha/graders (run, validate), as three routers (files, graders, jobs) over the
+app's Services. Request bodies: fine_tuning_bodies.py. Every API key is a tenant: it sees only its own files, jobs and models,
 and another tenant's ids are 404s. Shapes follow openai-python's types (never null where the
 client expects a value: result_files, organization_id, seed, hyperparameters).
 """
 from __future__ import annotations
 
 import time
-from typing import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from .http import APIError, found, limit_of
 from .openapi import error_responses, json_body
+from .services import Caller, Services, caller, services
 from ..store import Store
-from ..envs.graders import GraderError, Runtime, SandboxPython
+from ..envs.graders import GraderError
 from ..finetune.archive import FORMATS
 from ..finetune.formats import FormatError, parse
 from ..finetune.job import BASE_LR, resolve
@@ -65,295 +67,294 @@ def _page(items: list[dict], more: bool) -> dict:
     return {"object": "list", "data": items, "has_more": more}
 
 
-def add_routes(app: FastAPI, *, store: Store, tenant_of: Callable[[Request], str], body_json, validate,
-               error: type[Exception], trainable: Callable[[str, str], bool],
-               chat: Callable[[str, str, list, dict], str], servable: Callable[[str, str], bool],
-               is_admin: Callable[[Request], bool], production_dir: Callable[[], str]) -> None:
-    """Mount the routes. `tenant_of(request)` authenticates; `trainable(tenant, model)` says whether
-    a job may start from `model`; `chat(tenant, model, messages, sampling)` answers score_model
-    graders, whose model must be `servable(tenant, model)`; `is_admin(request)` says whether the
-    key may promote; `production_dir()` is the served base model's directory."""
+# --- files -------------------------------------------------------------------------------------
+files = APIRouter()
 
-    def limit_of(request: Request) -> int:
-        raw = request.query_params.get("limit", "20")
-        if not raw.isdigit() or not 1 <= int(raw) <= 100:
-            raise error(400, "limit must be an integer in 1..100", param="limit")
-        return int(raw)
 
-    # --- files -----------------------------------------------------------------------------
-    @app.post("/v1/files", openapi_extra=UPLOAD_BODY, responses=error_responses(400, 401, 413))
-    async def create_file(request: Request):
-        tenant = tenant_of(request)
-        try:
-            form = await request.form(max_part_size=MAX_FILE_BYTES)
-        except Exception as exc:  # noqa: BLE001 - Starlette's multipart errors, in OpenAI's error shape
-            raise error(400, f"the body is not a valid multipart form: {getattr(exc, 'detail', exc)}") from None
-        upload, purpose = form.get("file"), form.get("purpose")
-        if purpose not in ("fine-tune",):
-            raise error(400, f"purpose must be 'fine-tune' (got {purpose!r})", param="purpose")
-        if upload is None or isinstance(upload, str):
-            raise error(400, "a multipart 'file' field is required", param="file")
-        content = await upload.read()
-        try:
-            parsed = parse(content)
-            status, details, kind, examples = "processed", None, parsed.kind, len(parsed.rows)
-        except FormatError as exc:
-            # kept, and said: the file is listed with the first bad line, nothing is lost
-            status, details, kind, examples = "error", str(exc), None, None
-        f = await run_in_threadpool(store.files.add, tenant=tenant, filename=upload.filename or "upload.jsonl",
-                                    purpose=purpose, content=content, status=status, status_details=details,
-                                    kind=kind, examples=examples)
-        return _file(f)
+@files.post("/v1/files", openapi_extra=UPLOAD_BODY, responses=error_responses(400, 401, 413))
+async def create_file(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    try:
+        form = await request.form(max_part_size=MAX_FILE_BYTES)
+    except Exception as exc:  # noqa: BLE001 - Starlette's multipart errors, in OpenAI's error shape
+        raise APIError(400, f"the body is not a valid multipart form: {getattr(exc, 'detail', exc)}") from None
+    upload, purpose = form.get("file"), form.get("purpose")
+    if purpose not in ("fine-tune",):
+        raise APIError(400, f"purpose must be 'fine-tune' (got {purpose!r})", param="purpose")
+    if upload is None or isinstance(upload, str):
+        raise APIError(400, "a multipart 'file' field is required", param="file")
+    content = await upload.read()
+    try:
+        parsed = parse(content)
+        status, details, kind, examples = "processed", None, parsed.kind, len(parsed.rows)
+    except FormatError as exc:
+        # kept, and said: the file is listed with the first bad line, nothing is lost
+        status, details, kind, examples = "error", str(exc), None, None
+    f = await run_in_threadpool(svc.store.files.add, tenant=who.tenant, filename=upload.filename or "upload.jsonl",
+                                purpose=purpose, content=content, status=status, status_details=details,
+                                kind=kind, examples=examples)
+    return _file(f)
 
-    @app.get("/v1/files", responses=error_responses(400, 401))
-    async def list_files(request: Request):
-        tenant = tenant_of(request)
-        rows, more = store.files.list(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+
+@files.get("/v1/files", responses=error_responses(400, 401))
+async def list_files(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    rows, more = svc.store.files.list(who.tenant, after=request.query_params.get("after"), limit=limit_of(request),
                                       purpose=request.query_params.get("purpose"))
-        return _page([_file(f) for f in rows], more)
+    return _page([_file(f) for f in rows], more)
 
-    def found(row: dict | None, what: str, param: str) -> dict:
-        """The row, or a 404 (also for another tenant's ids: they do not exist for this one)."""
-        if row is None:
-            raise error(404, f"No such {what}", param=param)
-        return row
 
-    def own_file(tenant: str, file_id: str) -> dict:
-        return found(store.files.get(tenant, file_id), f"File object: {file_id}", "id")
+def own_file(svc: Services, tenant: str, file_id: str) -> dict:
+    return found(svc.store.files.get(tenant, file_id), f"File object: {file_id}", "id")
 
-    @app.get("/v1/files/{file_id}", responses=error_responses(401, 404))
-    async def get_file(file_id: str, request: Request):
-        return _file(own_file(tenant_of(request), file_id))
 
-    @app.get("/v1/files/{file_id}/content", responses={
-        200: {"description": "the file as uploaded", "content": {"application/octet-stream": {}}},
-        **error_responses(401, 404)})
-    async def file_content(file_id: str, request: Request):
-        tenant = tenant_of(request)
-        own_file(tenant, file_id)
-        return Response(store.files.content(tenant, file_id), media_type="application/octet-stream")
+@files.get("/v1/files/{file_id}", responses=error_responses(401, 404))
+async def get_file(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    return _file(own_file(svc, who.tenant, file_id))
 
-    @app.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
-    async def delete_file(file_id: str, request: Request):
-        tenant = tenant_of(request)
-        own_file(tenant, file_id)
-        store.files.delete(tenant, file_id)
-        return {"id": file_id, "object": "file", "deleted": True}
 
-    # --- graders ---------------------------------------------------------------------------
-    python = SandboxPython()           # python graders run in the sandbox, never in this process
-    app.state.close_graders = python.close
+@files.get("/v1/files/{file_id}/content", responses={
+    200: {"description": "the file as uploaded", "content": {"application/octet-stream": {}}},
+    **error_responses(401, 404)})
+async def file_content(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    own_file(svc, who.tenant, file_id)
+    return Response(svc.store.files.content(who.tenant, file_id), media_type="application/octet-stream")
 
-    def runtime(tenant: str) -> Runtime:
-        return Runtime(python=python, chat=lambda model, messages, sampling: chat(tenant, model, messages, sampling))
 
-    def check_grader(tenant: str, grader: dict, param: str) -> None:
-        from ..envs.graders import validate as check
+@files.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
+async def delete_file(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    own_file(svc, who.tenant, file_id)
+    svc.store.files.delete(who.tenant, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
 
-        try:
-            check(grader, served=lambda model: servable(tenant, model))
-        except GraderError as exc:
-            raise error(400, f"invalid grader: {exc}", param=param) from None
 
-    @app.post("/v1/fine_tuning/alpha/graders/run", openapi_extra=json_body(GraderRun),
+# --- graders ---------------------------------------------------------------------------------
+graders = APIRouter()
+
+
+def check_grader(svc: Services, tenant: str, grader: dict, param: str) -> None:
+    from ..envs.graders import validate as check
+
+    try:
+        check(grader, served=lambda model: svc.servable(tenant, model))
+    except GraderError as exc:
+        raise APIError(400, f"invalid grader: {exc}", param=param) from None
+
+
+@graders.post("/v1/fine_tuning/alpha/graders/run", openapi_extra=json_body(GraderRun),
               responses=error_responses(400, 401, 413))
-    async def run_grader(request: Request):
-        """The reward a grader gives a sample; a grader that fails says so in metadata.errors."""
-        from ..envs.graders import run
+async def run_grader(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    """The reward a grader gives a sample; a grader that fails says so in metadata.errors."""
+    from ..envs.graders import run
 
-        tenant = tenant_of(request)
-        body: GraderRun = validate(GraderRun, await body_json(request))
-        return await run_in_threadpool(run, grader_dict(body.grader), body.model_sample, body.item or {},
-                                       runtime(tenant))
+    body: GraderRun = await svc.body(request, GraderRun)
+    return await run_in_threadpool(run, grader_dict(body.grader), body.model_sample, body.item or {},
+                                   svc.grader_runtime(who.tenant))
 
-    @app.post("/v1/fine_tuning/alpha/graders/validate", openapi_extra=json_body(GraderValidate),
+
+@graders.post("/v1/fine_tuning/alpha/graders/validate", openapi_extra=json_body(GraderValidate),
               responses=error_responses(400, 401, 413))
-    async def validate_grader(request: Request):
-        """The grader back when it is well-formed (every part checked, python parsed, not run);
-        a 400 naming what is wrong otherwise."""
-        tenant = tenant_of(request)
-        body: GraderValidate = validate(GraderValidate, await body_json(request))
-        await run_in_threadpool(check_grader, tenant, grader_dict(body.grader), "grader")
-        return {"grader": grader_dict(body.grader)}
+async def validate_grader(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    """The grader back when it is well-formed (every part checked, python parsed, not run);
+    a 400 naming what is wrong otherwise."""
+    body: GraderValidate = await svc.body(request, GraderValidate)
+    await run_in_threadpool(check_grader, svc, who.tenant, grader_dict(body.grader), "grader")
+    return {"grader": grader_dict(body.grader)}
 
-    # --- jobs ------------------------------------------------------------------------------
-    def check_create(tenant: str, body: JobCreate) -> tuple[str, dict, int]:
-        method = body.method.type if body.method else "supervised"
-        options = getattr(body.method, method) if body.method else None
-        given = {**(body.hyperparameters.model_dump(exclude_none=True) if body.hyperparameters else {}),
-                 **(options.hyperparameters.model_dump(exclude_none=True) if options and options.hyperparameters
-                    else {})}
-        if not trainable(tenant, body.model):
-            raise error(404, f"model {body.model!r} is not a base model this server trains or one of your "
-                        "fine-tuned models", param="model")
-        n = 0
-        for param in ("training_file", "validation_file"):
-            fid = getattr(body, param)
-            if fid is None:
-                continue
-            f = found(store.files.get(tenant, fid), f"File object: {fid}", param)
-            # the request is well-formed; the file it names is not fit for it (409, as OpenAI's state errors)
-            if f["status"] != "processed":
-                raise error(409, f"file {fid} is not a valid training file: {f['status_details']}", param=param)
-            if f["kind"] != method:
-                raise error(409, f"file {fid} holds {f['kind']} examples; method {method} needs {method} ones",
-                            param=param)
-            if param == "training_file":
-                n = f["examples"]
-        try:
-            hp = resolve(method, given, n)
-        except ValueError as exc:       # the schema bounds each value; this is a combination
-            raise error(409, f"hyperparameters: {exc}", param="hyperparameters") from None
-        spec = {"type": method}
-        if method == "reinforcement":
-            if options is None:
-                raise error(400, "method.reinforcement (with its grader) is required", param="method.reinforcement")
-            spec["grader"] = grader_dict(options.grader)
-            check_grader(tenant, spec["grader"], "method.reinforcement.grader")
-        return spec, {"resolved": hp.__dict__, "public": hp.public(method)}, n
 
-    @app.post("/v1/fine_tuning/jobs", openapi_extra=json_body(JobCreate),
-              responses=error_responses(400, 401, 404, 409, 413))
-    async def create_job(request: Request):
-        tenant = tenant_of(request)
-        body: JobCreate = validate(JobCreate, await body_json(request))
-        spec, hyper, _ = await run_in_threadpool(check_create, tenant, body)
-        job = store.jobs.add(tenant=tenant, model=body.model, training_file=body.training_file,
-                            validation_file=body.validation_file, suffix=body.suffix,
-                            seed=body.seed if body.seed is not None else int(time.time()) % 2**31,
-                            metadata=body.metadata or {}, method=spec, hyperparameters=hyper)
-        return _job(job)
+# --- jobs ------------------------------------------------------------------------------------
+jobs = APIRouter()
 
-    @app.post("/v1/fine_tuning/jobs/estimate", openapi_extra=json_body(JobCreate),
-              responses=error_responses(400, 401, 404, 409, 413))
-    async def estimate(request: Request):
-        """Trained tokens of a job before it runs (its examples x epochs), and its cost at the
-        throughput this server's trainer measured, when it has finished a job."""
-        tenant = tenant_of(request)
-        body: JobCreate = validate(JobCreate, await body_json(request))
-        spec, hyper, _ = await run_in_threadpool(check_create, tenant, body)
-        method = spec["type"]
-        tokens = await run_in_threadpool(_tokens_of, store, tenant, body.training_file, method, hyper["resolved"])
-        trained = tokens * hyper["resolved"]["n_epochs"]
-        rate = store.ledger.fine_tuning_rate()
-        out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
-               "hyperparameters": hyper["public"]}
-        if rate is not None:
-            out.update(estimated_seconds=trained / rate["tokens_per_second"],
-                       estimated_dollars=trained * rate["dollars_per_token"],
-                       basis=f"{rate['jobs']} finished jobs on this server")
-        return out
 
-    @app.get("/v1/fine_tuning/jobs", responses=error_responses(400, 401))
-    async def list_jobs(request: Request):
-        tenant = tenant_of(request)
-        meta = {k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
-        rows, more = store.jobs.list(tenant, after=request.query_params.get("after"), limit=limit_of(request),
+def _training_files(svc: Services, tenant: str, body: JobCreate, method: str) -> int:
+    """Check the files a job names (theirs, processed, of the method's kind); the training file's examples."""
+    n = 0
+    for param in ("training_file", "validation_file"):
+        fid = getattr(body, param)
+        if fid is None:
+            continue
+        f = found(svc.store.files.get(tenant, fid), f"File object: {fid}", param)
+        # the request is well-formed; the file it names is not fit for it (409, as OpenAI's state errors)
+        if f["status"] != "processed":
+            raise APIError(409, f"file {fid} is not a valid training file: {f['status_details']}", param=param)
+        if f["kind"] != method:
+            raise APIError(409, f"file {fid} holds {f['kind']} examples; method {method} needs {method} ones",
+                           param=param)
+        if param == "training_file":
+            n = f["examples"]
+    return n
+
+
+def check_create(svc: Services, tenant: str, body: JobCreate) -> tuple[dict, dict, int]:
+    """(method spec, hyper-parameters resolved and public, training examples) of a job request."""
+    method = body.method.type if body.method else "supervised"
+    options = getattr(body.method, method) if body.method else None
+    given = {**(body.hyperparameters.model_dump(exclude_none=True) if body.hyperparameters else {}),
+             **(options.hyperparameters.model_dump(exclude_none=True) if options and options.hyperparameters
+                else {})}
+    if svc.resolve_trainable(tenant, body.model) is None:
+        raise APIError(404, f"model {body.model!r} is not a base model this server trains or one of your "
+                       "fine-tuned models", param="model")
+    n = _training_files(svc, tenant, body, method)
+    try:
+        hp = resolve(method, given, n)
+    except ValueError as exc:       # the schema bounds each value; this is a combination
+        raise APIError(409, f"hyperparameters: {exc}", param="hyperparameters") from None
+    spec = {"type": method}
+    if method == "reinforcement":
+        if options is None:
+            raise APIError(400, "method.reinforcement (with its grader) is required", param="method.reinforcement")
+        spec["grader"] = grader_dict(options.grader)
+        check_grader(svc, tenant, spec["grader"], "method.reinforcement.grader")
+    return spec, {"resolved": hp.__dict__, "public": hp.public(method)}, n
+
+
+@jobs.post("/v1/fine_tuning/jobs", openapi_extra=json_body(JobCreate),
+           responses=error_responses(400, 401, 404, 409, 413))
+async def create_job(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    body: JobCreate = await svc.body(request, JobCreate)
+    spec, hyper, _ = await run_in_threadpool(check_create, svc, who.tenant, body)
+    job = svc.store.jobs.add(tenant=who.tenant, model=body.model, training_file=body.training_file,
+                             validation_file=body.validation_file, suffix=body.suffix,
+                             seed=body.seed if body.seed is not None else int(time.time()) % 2**31,
+                             metadata=body.metadata or {}, method=spec, hyperparameters=hyper)
+    return _job(job)
+
+
+@jobs.post("/v1/fine_tuning/jobs/estimate", openapi_extra=json_body(JobCreate),
+           responses=error_responses(400, 401, 404, 409, 413))
+async def estimate(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    """Trained tokens of a job before it runs (its examples x epochs), and its cost at the
+    throughput this server's trainer measured, when it has finished a job."""
+    body: JobCreate = await svc.body(request, JobCreate)
+    spec, hyper, _ = await run_in_threadpool(check_create, svc, who.tenant, body)
+    method = spec["type"]
+    tokens = await run_in_threadpool(_tokens_of, svc.store, who.tenant, body.training_file, method, hyper["resolved"])
+    trained = tokens * hyper["resolved"]["n_epochs"]
+    rate = svc.store.ledger.fine_tuning_rate()
+    out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
+           "hyperparameters": hyper["public"]}
+    if rate is not None:
+        out.update(estimated_seconds=trained / rate["tokens_per_second"],
+                   estimated_dollars=trained * rate["dollars_per_token"],
+                   basis=f"{rate['jobs']} finished jobs on this server")
+    return out
+
+
+@jobs.get("/v1/fine_tuning/jobs", responses=error_responses(400, 401))
+async def list_jobs(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    meta = {k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
+    rows, more = svc.store.jobs.list(who.tenant, after=request.query_params.get("after"), limit=limit_of(request),
                                      metadata=meta or None)
-        return _page([_job(j) for j in rows], more)
+    return _page([_job(j) for j in rows], more)
 
-    def own_job(tenant: str, job_id: str) -> dict:
-        return found(store.jobs.get(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
 
-    @app.get("/v1/fine_tuning/jobs/{job_id}", responses=error_responses(401, 404))
-    async def get_job(job_id: str, request: Request):
-        return _job(own_job(tenant_of(request), job_id))
+def own_job(svc: Services, tenant: str, job_id: str) -> dict:
+    return found(svc.store.jobs.get(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
 
-    # action -> (statuses it applies to, new status, event message)
-    ACTIONS = {"cancel": (("validating_files", "queued", "running", "paused"), "cancelled", "Job cancelled"),
-               "pause": (("queued", "running"), "paused", "Job paused"),
-               "resume": (("paused",), "queued", "Job resumed")}
 
-    def act(action: str):
-        allowed, new, message = ACTIONS[action]
+@jobs.get("/v1/fine_tuning/jobs/{job_id}", responses=error_responses(401, 404))
+async def get_job(job_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    return _job(own_job(svc, who.tenant, job_id))
 
-        async def route(job_id: str, request: Request):
-            tenant = tenant_of(request)
-            own_job(tenant, job_id)
-            extra = {"finished_at": time.time()} if new == "cancelled" else {}
-            if not store.jobs.update(job_id, status=new, when_status=allowed,
-                                    event=("info", message, "message", {}), **extra):
-                raise error(409, f"cannot {action} a job that is {store.jobs.get(tenant, job_id)['status']}",
-                            param="fine_tuning_job_id")
-            return _job(own_job(tenant, job_id))
-        return route
 
-    for action in ACTIONS:
-        app.post(f"/v1/fine_tuning/jobs/{{job_id}}/{action}", name=f"{action}_job",
-                 responses=error_responses(401, 404, 409))(act(action))
+# action -> (statuses it applies to, new status, event message)
+ACTIONS = {"cancel": (("validating_files", "queued", "running", "paused"), "cancelled", "Job cancelled"),
+           "pause": (("queued", "running"), "paused", "Job paused"),
+           "resume": (("paused",), "queued", "Job resumed")}
 
-    def job_list(read, shape):
-        """A job's events or checkpoints, newest first, paged with after=<id>."""
-        async def route(job_id: str, request: Request):
-            own_job(tenant_of(request), job_id)
-            rows, more = read(job_id, after=request.query_params.get("after"), limit=limit_of(request))
-            return _page([shape(r) for r in rows], more)
-        return route
 
-    for what, read, shape in (("events", store.jobs.events, _event), ("checkpoints", store.jobs.checkpoints, _checkpoint)):
-        app.get(f"/v1/fine_tuning/jobs/{{job_id}}/{what}", name=f"job_{what}",
-                responses=error_responses(400, 401, 404))(job_list(read, shape))
+def _act(action: str):
+    allowed, new, message = ACTIONS[action]
 
-    @app.post("/v1/fine_tuning/jobs/{job_id}/promote", openapi_extra=json_body(PromoteRequest),
-              responses=error_responses(400, 401, 403, 404, 409, 413))
-    async def promote(job_id: str, request: Request):
-        """An admin key's request: the job's fine-tuned model replaces the production model (the
-        one this server and `gymloop run` serve and train from) if the loop's gate passes it."""
-        tenant = tenant_of(request)
-        if not is_admin(request):
-            raise error(403, "promoting into production needs an admin key (gymloop serve --admin-key)",
-                        "permission_error")
-        job = own_job(tenant, job_id)
-        if job["status"] != "succeeded":
-            raise error(409, f"job {job_id} is {job['status']}; only a succeeded job's model can be promoted",
-                        param="fine_tuning_job_id")
-        body: PromoteRequest = validate(PromoteRequest, await body_json(request))
-        return await run_in_threadpool(_promote, store, job, body, production_dir(), error)
+    async def route(job_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+        own_job(svc, who.tenant, job_id)
+        extra = {"finished_at": time.time()} if new == "cancelled" else {}
+        if not svc.store.jobs.update(job_id, status=new, when_status=allowed,
+                                     event=("info", message, "message", {}), **extra):
+            raise APIError(409, f"cannot {action} a job that is {svc.store.jobs.get(who.tenant, job_id)['status']}",
+                           param="fine_tuning_job_id")
+        return _job(own_job(svc, who.tenant, job_id))
+    return route
 
-    @app.get("/v1/fine_tuning/jobs/{job_id}/checkpoints/{checkpoint_id}/content", responses={
-        200: {"description": "the checkpoint as a .tar.gz of one directory", "content": {"application/gzip": {}}},
-        **error_responses(400, 401, 404, 409)}, openapi_extra={"parameters": [
-            {"name": "format", "in": "query", "required": False,
-             "schema": {"type": "string", "enum": list(FORMATS), "default": "merged"}}]})
-    async def checkpoint_content(job_id: str, checkpoint_id: str, request: Request):
-        """A checkpoint to load with Hugging Face: format=merged, the model (LoRA folded in), for
-        AutoModelForCausalLM.from_pretrained; format=adapter, a LoRA job's adapter, for
-        PeftModel.from_pretrained(base, dir)."""
-        tenant = tenant_of(request)
-        own_job(tenant, job_id)
-        ckpt = found(store.jobs.get_checkpoint(job_id, checkpoint_id), f"checkpoint: {checkpoint_id}", "checkpoint_id")
-        format = request.query_params.get("format", "merged")
-        if format not in FORMATS:
-            raise error(400, f"format must be one of {', '.join(FORMATS)} (got {format!r})", param="format")
-        name = ckpt["model_id"].replace(":", "_") + ("-adapter" if format == "adapter" else "")
-        return await run_in_threadpool(_archive_response, ckpt, format, name, error)
+
+for _action in ACTIONS:
+    jobs.post(f"/v1/fine_tuning/jobs/{{job_id}}/{_action}", name=f"{_action}_job",
+              responses=error_responses(401, 404, 409))(_act(_action))
+
+
+def _job_list(what: str, shape):
+    """A job's events or checkpoints, newest first, paged with after=<id>."""
+    async def route(job_id: str, request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+        own_job(svc, who.tenant, job_id)
+        rows, more = getattr(svc.store.jobs, what)(job_id, after=request.query_params.get("after"), limit=limit_of(request))
+        return _page([shape(r) for r in rows], more)
+    return route
+
+
+for _what, _shape in (("events", _event), ("checkpoints", _checkpoint)):
+    jobs.get(f"/v1/fine_tuning/jobs/{{job_id}}/{_what}", name=f"job_{_what}",
+             responses=error_responses(400, 401, 404))(_job_list(_what, _shape))
+
+
+@jobs.post("/v1/fine_tuning/jobs/{job_id}/promote", openapi_extra=json_body(PromoteRequest),
+           responses=error_responses(400, 401, 403, 404, 409, 413))
+async def promote(job_id: str, request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    """An admin key's request: the job's fine-tuned model replaces the production model (the
+    one this server and `gymloop run` serve and train from) if the loop's gate passes it."""
+    if not who.admin:
+        raise APIError(403, "promoting into production needs an admin key (gymloop serve --admin-key)",
+                       "permission_error")
+    job = own_job(svc, who.tenant, job_id)
+    if job["status"] != "succeeded":
+        raise APIError(409, f"job {job_id} is {job['status']}; only a succeeded job's model can be promoted",
+                       param="fine_tuning_job_id")
+    body: PromoteRequest = await svc.body(request, PromoteRequest)
+    return await run_in_threadpool(_promote, svc.store, job, body, svc.production_dir())
+
+
+@jobs.get("/v1/fine_tuning/jobs/{job_id}/checkpoints/{checkpoint_id}/content", responses={
+    200: {"description": "the checkpoint as a .tar.gz of one directory", "content": {"application/gzip": {}}},
+    **error_responses(400, 401, 404, 409)}, openapi_extra={"parameters": [
+        {"name": "format", "in": "query", "required": False,
+         "schema": {"type": "string", "enum": list(FORMATS), "default": "merged"}}]})
+async def checkpoint_content(job_id: str, checkpoint_id: str, request: Request, svc: Services = Depends(services),
+                             who: Caller = Depends(caller)):
+    """A checkpoint to load with Hugging Face: format=merged, the model (LoRA folded in), for
+    AutoModelForCausalLM.from_pretrained; format=adapter, a LoRA job's adapter, for
+    PeftModel.from_pretrained(base, dir)."""
+    own_job(svc, who.tenant, job_id)
+    ckpt = found(svc.store.jobs.get_checkpoint(job_id, checkpoint_id), f"checkpoint: {checkpoint_id}", "checkpoint_id")
+    format = request.query_params.get("format", "merged")
+    if format not in FORMATS:
+        raise APIError(400, f"format must be one of {', '.join(FORMATS)} (got {format!r})", param="format")
+    name = ckpt["model_id"].replace(":", "_") + ("-adapter" if format == "adapter" else "")
+    return await run_in_threadpool(_archive_response, ckpt, format, name)
 
 
 SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "vocab_size", "num_local_experts")
 
 
-def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error) -> dict:
+def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str) -> dict:
     """The gate's verdict on a job's model, recorded as an event of the job."""
     import json
     from pathlib import Path
 
     from ..loop.gate import gate_and_promote
-    from ..loop.config import LoopConfig
+    from ..loop.config import GateRun
 
     current = store.versions.promoted()
     production = current["path"] if current else base_dir
     shape = lambda d: {k: v for k, v in json.loads((Path(d) / "config.json").read_text()).items() if k in SHAPE_KEYS}  # noqa: E731
     if shape(job["final_path"]) != shape(production):
         # servers swap weights in place: a model of another shape cannot take the slot
-        raise error(409, f"the model of {job['id']} has another architecture than production ({production})",
+        raise APIError(409, f"the model of {job['id']} has another architecture than production ({production})",
                     param="fine_tuning_job_id")
-    cfg = LoopConfig(env=body.env, suites=body.suites, gate=body.gate, store=str(store.path),
-                     eval={"tasks": body.eval_tasks, "every": 0, "max_new_tokens": body.max_new_tokens})
+    cfg = GateRun(env=body.env, suites=body.suites, gate=body.gate,
+                  eval={"tasks": body.eval_tasks, "every": 0, "max_new_tokens": body.max_new_tokens})
     try:
         out = gate_and_promote(store, job["final_path"], base_dir, cfg)
     except ValueError as exc:        # an environment that cannot be built, too few held-out tasks
-        raise error(400, str(exc), param="env") from None
+        raise APIError(400, str(exc), param="env") from None
     msg = (f"Promoted to production as version {out['version']}: {out['why']}" if out["promoted"]
            else f"Not promoted (production stays version {out['production_version']}): {out['why']}")
     store.jobs.add_event(job["id"], "info", msg, "message", out)
@@ -361,7 +362,7 @@ def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str, error
             "fine_tuned_model": job["fine_tuned_model"], **out}
 
 
-def _archive_response(ckpt: dict, fmt: str, name: str, error) -> Response:
+def _archive_response(ckpt: dict, fmt: str, name: str) -> Response:
     """The checkpoint as a .tar.gz, written to a temporary file and streamed (a model may not
     fit in memory twice); the file is removed once sent."""
     import os
@@ -379,7 +380,7 @@ def _archive_response(ckpt: dict, fmt: str, name: str, error) -> Response:
         write_archive(Path(ckpt["path"]), fmt, Path(tmp), name)
     except ValueError as exc:
         os.unlink(tmp)
-        raise error(409, str(exc), param="format") from None
+        raise APIError(409, str(exc), param="format") from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -405,4 +406,4 @@ def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -
                for r in rows for k in ("preferred_output", "non_preferred_output"))
 
 
-__all__ = ["BASE_LR", "STATUSES", "add_routes"]
+__all__ = ["BASE_LR", "STATUSES", "files", "graders", "jobs"]

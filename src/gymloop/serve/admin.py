@@ -1,0 +1,35 @@
+"""What operators read, no key needed and no trace contents: the dashboard page and its JSON
+(aggregates only), /healthz, /metrics (Prometheus)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from .dashboard import PAGE, dashboard_data
+from .services import Services, services
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse)
+async def dashboard():
+    return HTMLResponse(PAGE)
+
+
+@router.get("/v1/dashboard")
+async def dashboard_json(svc: Services = Depends(services)):
+    # Aggregates only (counts, scores, costs), never trace contents: readable without a key.
+    return await run_in_threadpool(dashboard_data, svc.store, svc.batcher, svc.metrics.by_status(), svc.name)
+
+
+@router.get("/healthz")
+async def healthz(svc: Services = Depends(services)):
+    return {"status": "ok", "model": svc.name, "model_version": svc.batcher.version}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def prom(svc: Services = Depends(services)):
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,273 @@
+"""The chat routes of `gymloop serve`: GET /v1/models, POST /v1/chat/completions (plain and
+streamed), POST /v1/feedback. A request without a valid key gets 401 and leaves no trace. A
+trace is committed to the store before the response (or, streamed, its final chunk) is sent;
+the answering model version is in the response.
+
+    prepare (model, prompt, sampling, limits) -> generate (batcher) -> answer (body, trace)
+                                                 or stream (chunks, then answer)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ..engine import SamplingParams
+from ..models.chat import ChatTokenizer
+from ..store import StoreError
+from .batcher import Batcher, BatcherStopped
+from .config import ServeConfig
+from .http import APIError
+from .openapi import error_responses, json_body, json_int
+from .services import Caller, Services, caller, services
+
+JSONInt = json_int()
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="Who wrote the message; any other role is a 400.")
+    content: str | None = None
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                             description="JSON schema of the arguments (default: none).")
+
+
+class ChatTool(BaseModel):
+    """A tool the model may call (OpenAI's function tool), rendered by the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat request gymloop acts on; other fields are accepted and ignored.
+    Strict: a value of the wrong JSON type ("5" for 5) is a 400, not silently converted."""
+
+    # top_logprobs > 0 needs logprobs: true (as OpenAI's API), stated in the schema too
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: json_int(1) | None = None
+    max_completion_tokens: json_int(1) | None = None
+    temperature: float = Field(1.0, ge=0, le=2, description="0 (or below 1e-4, where logits / T overflows): "
+                               "greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: json_int(1, 1) = 1
+    seed: JSONInt | None = None
+    tools: list[ChatTool] | None = None
+    logprobs: bool = Field(False, description="Return the log-prob of each generated token (under the sampling "
+                           "temperature's distribution, as the engine samples and a trainer recomputes).")
+    top_logprobs: json_int(0, 20) | None = Field(None, description="With logprobs: also the k most likely tokens "
+                                     "at each position.")
+
+
+class TaskRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    env: str
+    version: JSONInt | None = None
+    task_id: str | None = None
+
+
+class FeedbackRequest(BaseModel):
+    # "a reward or a label" stated in the schema too, so /openapi.json documents what is accepted
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"required": ["reward"], "properties": {"reward": {"type": "number"}}},
+        {"required": ["label"], "properties": {"label": {"type": "string"}}}]})
+    trace_id: str
+    reward: float | None = Field(None, ge=0, le=1)
+    label: str | None = Field(None, max_length=200)
+    task: TaskRef | None = None
+
+
+
+def _token_entry(tok: ChatTokenizer, token_id: int, logprob: float) -> dict:
+    text = tok.decode([token_id])
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def token_logprobs(tok: ChatTokenizer, gen) -> dict:
+    """OpenAI's `choices[].logprobs`: one entry per generated token (EOS included, as sampled),
+    each with its `top_logprobs` when they were asked for."""
+    content = []
+    for i, (t, lp) in enumerate(zip(gen.token_ids, gen.logprobs)):
+        entry = _token_entry(tok, t, lp)
+        entry["top_logprobs"] = [_token_entry(tok, a, b) for a, b in gen.top_logprobs[i]] if gen.top_logprobs else []
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+
+@dataclass
+class Prepared:
+    """A chat request checked against the server's limits: what to run and how to answer."""
+
+    req: ChatRequest
+    caller: Caller
+    batcher: Batcher
+    tok: ChatTokenizer
+    name: str                    # the model name answered with
+    prompt: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...]
+    cid: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+    t0: float = field(default_factory=time.perf_counter)
+
+
+async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
+    """The model the request names (a fine-tuned one may be loaded first, off the event loop),
+    its prompt rendered by the chat template, the sampling; a 400 for what exceeds a limit."""
+    cfg = svc.cfg
+    batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
+                          else await run_in_threadpool(svc.served, req.model, who.tenant))
+    for f in ("max_tokens", "max_completion_tokens"):     # each, even the one not used
+        value = getattr(req, f)
+        if value is not None and value > cfg.max_tokens_limit:
+            raise APIError(400, f"{f} {value} exceeds the limit of {cfg.max_tokens_limit}", param=f)
+    messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
+    try:
+        prompt = tok.prompt_ids(messages, tools=[t.model_dump() for t in req.tools] if req.tools else None)
+    except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
+        raise APIError(400, f"messages could not be rendered by the chat template: {exc}") from None
+    if len(prompt) > cfg.max_prompt_tokens:
+        raise APIError(400, f"prompt of {len(prompt)} tokens exceeds the limit of {cfg.max_prompt_tokens}",
+                       param="messages")
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    params = SamplingParams(max_new_tokens=req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens,
+                            temperature=req.temperature if req.temperature >= 1e-4 else 0.0, top_p=req.top_p,
+                            stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed,
+                            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+    return Prepared(req, who, batcher, tok, name, prompt, params, stop)
+
+
+async def answer(svc: Services, p: Prepared, gen, version: int) -> tuple[dict, str]:
+    """The chat.completion body of a finished generation, and its trace id once the trace is
+    committed (before the response leaves: a 200 always has its trace)."""
+    text = p.tok.decode(gen.token_ids)
+    for s in p.stop:  # the stop string itself is not part of the answer (OpenAI semantics)
+        if s and s in text:
+            text = text[: text.index(s)]
+    n_prompt, n_gen = len(p.prompt), len(gen.token_ids)
+    body = {"id": p.cid, "object": "chat.completion", "created": p.created, "model": p.name,
+            "system_fingerprint": f"gymloop-v{version}", "model_version": version,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+                         "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}
+    latency = time.perf_counter() - p.t0
+    trace_id = await asyncio.wrap_future(svc.store.traces.add_committed(
+        model=p.name, model_version=version, request=p.req.model_dump(exclude_none=True), response=body,
+        prompt_tokens=n_prompt, completion_tokens=n_gen, latency_s=latency, key_id=p.caller.key_id, trace_id=p.cid))
+    svc.metrics.answered(n_gen, latency)
+    return body, trace_id
+
+
+async def stream(svc: Services, p: Prepared) -> AsyncIterator[str]:
+    """The answer as server-sent chunks while it is generated; text that may turn into a stop
+    string is held back; the last chunks follow the committed trace."""
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue = asyncio.Queue()
+    r = p.batcher.submit(p.prompt, p.params, on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
+    done = asyncio.wrap_future(r.future)
+
+    def chunk(delta: dict, finish_reason=None) -> str:
+        return "data: " + json.dumps({
+            "id": p.cid, "object": "chat.completion.chunk", "created": p.created, "model": p.name,
+            "system_fingerprint": f"gymloop-v{r.version if r.version >= 0 else p.batcher.version}",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent: list[int] = []
+    shown = ""
+    while not (done.done() and tokens.empty()):
+        try:
+            t = await asyncio.wait_for(tokens.get(), timeout=0.05)
+        except asyncio.TimeoutError:
+            continue
+        if t in p.tok.eos_token_ids:
+            continue
+        sent.append(t)
+        text = p.tok.decode(sent)
+        if p.stop and any(s in text for s in p.stop):
+            continue       # held back; the final text is cut at the stop string
+        if len(text) > len(shown):
+            yield chunk({"content": text[len(shown):]})
+            shown = text
+    body, _ = await answer(svc, p, done.result(), r.version)
+    final = body["choices"][0]["message"]["content"]
+    if len(final) > len(shown) and final.startswith(shown):
+        yield chunk({"content": final[len(shown):]})
+    yield chunk({}, body["choices"][0]["finish_reason"])
+    yield "data: [DONE]\n\n"
+
+
+def chat_router(cfg: ServeConfig) -> APIRouter:
+    """/v1/models, /v1/chat/completions, /v1/feedback. `cfg` only shapes the documented schema
+    (the served name, the token limits); requests are served by the app's Services."""
+    router = APIRouter()
+    name = cfg.served_name()
+
+    @router.get("/v1/models", responses=error_responses(401))
+    async def models(svc: Services = Depends(services), who: Caller = Depends(caller)):
+        data = [{"id": svc.name, "object": "model", "created": 0, "owned_by": "gymloop",
+                 "version": svc.batcher.version}]
+        data += [{"id": m["id"], "object": "model", "created": int(m["created"]), "owned_by": who.tenant,
+                  "fine_tuning_job": m["job"]} for m in svc.store.jobs.fine_tuned_models(who.tenant)]
+        return {"object": "list", "data": data}
+
+    @router.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest, {
+        "model": {"enum": [name]}, "max_tokens": {"maximum": cfg.max_tokens_limit},
+        "max_completion_tokens": {"maximum": cfg.max_tokens_limit}}), responses={
+        200: {"description": "a chat.completion, or with stream: true a text/event-stream of chunks",
+              "content": {"application/json": {}, "text/event-stream": {}}}, **error_responses(400, 401, 404, 413)})
+    async def chat(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+        p = await prepare(svc, await svc.body(request, ChatRequest), who)
+        if p.req.stream:
+            return StreamingResponse(stream(svc, p), media_type="text/event-stream",
+                                     headers={"x-gymloop-trace-id": p.cid})
+        r = p.batcher.submit(p.prompt, p.params)
+        try:
+            gen = await asyncio.wrap_future(r.future)
+        except BatcherStopped as exc:
+            raise APIError(503, str(exc), "server_error") from None
+        body, trace_id = await answer(svc, p, gen, r.version)
+        return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id, "x-gymloop-model-version": str(r.version)})
+
+    @router.post("/v1/feedback", openapi_extra=json_body(FeedbackRequest), responses=error_responses(400, 401, 404, 413))
+    async def feedback(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+        fb: FeedbackRequest = await svc.body(request, FeedbackRequest)
+        if fb.reward is None and fb.label is None:
+            raise APIError(400, "feedback needs a reward (0..1) or a label", param="reward")
+        try:
+            fid = await run_in_threadpool(
+                svc.store.traces.add_feedback, fb.trace_id, reward=fb.reward, label=fb.label,
+                env=fb.task.env if fb.task else None, env_version=fb.task.version if fb.task else None,
+                task_id=fb.task.task_id if fb.task else None)
+        except StoreError as exc:
+            raise APIError.of(exc, param="trace_id") from None
+        svc.metrics.count(200)
+        return {"id": fid, "trace_id": fb.trace_id}
+
+    return router
