@@ -89,3 +89,13 @@ def test_wandb_offline_run_holds_the_metrics(logged_run):
     expected = [(r["step"], r["reward"]) for r in records if r["kind"] == "train"]
     assert [s for s, _ in logged] == [s for s, _ in expected]
     assert [v for _, v in logged] == pytest.approx([v for _, v in expected])
+
+
+def test_a_chart_labels_its_x_axis_at_round_values():
+    import re
+
+    from gymloop.tracking.report import _line_chart
+
+    labels = lambda svg: re.findall(r'class="xtick">([^<]+)<', svg)  # noqa: E731
+    assert labels(_line_chart("pass@1", [0, 100, 250, 600], [0.1, 0.5, 0.6, 0.8], "pass@1")) == ["0", "200", "400", "600"]
+    assert labels(_line_chart("rounds", [1, 2, 3], [0.2, 0.4, 0.9], "pass@1", xlabel="round")) == ["1", "2", "3"]

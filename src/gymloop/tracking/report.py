@@ -6,9 +6,10 @@ tables: before/after, economics (cost per 1M tokens, intelligence per dollar, pr
 from __future__ import annotations
 
 import html
+import math
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .run_dir import read_metrics
 
@@ -46,6 +47,7 @@ def _lines_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[f
         f'<text x="{LEFT - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>'
         f'<line x1="{LEFT}" x2="{W - PAD}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
         for v in (lo, (lo + hi) / 2, hi))
+    ticks += x_ticks(x0, x1, sx, whole=all(float(x).is_integer() for x in all_x))
     body = "".join(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{PAD / 2}" y2="{H - PAD}" class="mark"/>'
                    f'<text x="{sx(x) + 3:.1f}" y="{PAD / 2 + 10}" class="mark-label">{html.escape(label)}</text>'
                    for x, label in marks)
@@ -64,6 +66,19 @@ def _lines_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[f
             f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle">{html.escape(xlabel)}</text>'
             f'<text x="11" y="{H / 2}" transform="rotate(-90 11 {H / 2})" text-anchor="middle">{html.escape(ylabel)}</text>'
             f'</svg></figure>')
+
+
+def x_ticks(x0: float, x1: float, sx: Callable[[float], float], n: int = 5, whole: bool = False) -> str:
+    """Labels under the x axis at up to `n` round values in [x0, x1]; `whole` (steps, rounds):
+    whole numbers only."""
+    raw = (x1 - x0) / max(n - 1, 1)
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    step = max(step, 1) if whole else step
+    first = math.ceil(x0 / step) * step
+    values = [first + i * step for i in range(int((x1 - first) // step) + 1)] or [x0]
+    return "".join(f'<text x="{sx(v):.1f}" y="{H - PAD + 14}" text-anchor="middle" class="xtick">{v:g}</text>'
+                   for v in values)
 
 
 def _bar_chart(title: str, labels: Sequence[str], values: Sequence[float], unit: str) -> str:
