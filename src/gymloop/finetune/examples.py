@@ -75,13 +75,13 @@ class Examples:
         return TokenBatch(self.ids[idx, :width], att, mask, torch.zeros_like(mask))
 
 
+def sft_examples(tok: ChatTokenizer, rows: list[dict]) -> Examples:
+    """A supervised job's rows: one example each."""
+    return Examples.of([sft_example(tok, r) for r in rows], tok.pad_token_id)
 
 
-def job_examples(method: str, tok: ChatTokenizer, rows: list[dict]) -> Examples:
-    """supervised: a row per example; dpo: the N preferred answers, then the N non-preferred
-    (pair i is rows i and N + i)."""
-    if method == "supervised":
-        return Examples.of([sft_example(tok, r) for r in rows], tok.pad_token_id)
+def preference_examples(tok: ChatTokenizer, rows: list[dict]) -> Examples:
+    """A DPO job's rows: the N preferred answers, then the N non-preferred (pair i is rows i and N + i)."""
     sides = [[completion_example(tok, r["input"]["messages"], r[key], r["input"].get("tools")) for r in rows]
              for key in ("preferred_output", "non_preferred_output")]
     return Examples.of(sides[0] + sides[1], tok.pad_token_id)

@@ -28,25 +28,60 @@ class Hyper:
     eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
     eval_samples: int = 100               # reinforcement: held-out prompts evaluated
 
+    @property
+    def compute_multiplier(self) -> float:
+        """OpenAI's name for what group_size measures: samples per prompt over 8."""
+        return self.group_size / 8
+
     def public(self, method: str) -> dict:
         """As the job object reports them (OpenAI's names: a multiplier, not a rate)."""
         out = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
-               "learning_rate_multiplier": self.learning_rate / BASE_LR}
-        if method == "dpo":
-            out.update(beta=self.beta, length_normalize=self.length_normalize,
-                       reference_free=self.reference_free, sft_weight=self.sft_weight)
-        if method == "reinforcement":
-            out.update(compute_multiplier=self.group_size / 8, group_size=self.group_size,
-                       max_new_tokens=self.max_new_tokens, eval_interval=self.eval_interval,
-                       eval_samples=self.eval_samples)
+               "learning_rate_multiplier": self.learning_rate / BASE_LR,
+               **{f: getattr(self, f) for f in METHOD_HYPER[method].fields}}
         if self.lora is not None:
             out["lora"] = self.lora
         return out
 
 
 BASE_LR = 1e-3           # learning_rate_multiplier 1 (nano-sized models; pass a multiplier for others)
-# "auto" learning-rate multipliers: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
-AUTO_LR = {"supervised": 1.0, "dpo": 0.1, "reinforcement": 0.2}
+
+Pick = Callable[[str, object], object]      # pick(name, auto value) -> the given value, or the auto one
+
+
+def _dpo(h: Hyper, pick: Pick, given: dict) -> None:
+    h.beta = float(pick("beta", 0.1))
+    h.length_normalize = bool(given.get("length_normalize", False))
+    h.reference_free = bool(given.get("reference_free", False))
+    h.sft_weight = float(pick("sft_weight", 0.0))
+    DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
+
+
+def _reinforcement(h: Hyper, pick: Pick, given: dict) -> None:
+    h.group_size = int(pick("group_size", max(2, round(8 * float(pick("compute_multiplier", 1.0))))))
+    h.max_new_tokens = int(pick("max_new_tokens", 16))
+    h.eval_interval = int(pick("eval_interval", 0))
+    h.eval_samples = int(pick("eval_samples", 100))
+    if h.group_size < 2:
+        raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
+
+
+@dataclass(frozen=True)
+class MethodHyper:
+    """A method's own hyper-parameters: its "auto" learning-rate multiplier, the fields it adds
+    to the common ones (reported as given), and how it resolves them."""
+
+    auto_lr: float
+    fields: tuple[str, ...] = ()
+    resolve: Callable[[Hyper, Pick, dict], None] | None = None
+
+
+# "auto" learning rates: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
+METHOD_HYPER = {
+    "supervised": MethodHyper(1.0),
+    "dpo": MethodHyper(0.1, ("beta", "length_normalize", "reference_free", "sft_weight"), _dpo),
+    "reinforcement": MethodHyper(0.2, ("compute_multiplier", "group_size", "max_new_tokens", "eval_interval",
+                                       "eval_samples"), _reinforcement),
+}
 
 
 def resolve(method: str, given: dict, n_examples: int) -> Hyper:
@@ -54,28 +89,17 @@ def resolve(method: str, given: dict, n_examples: int) -> Hyper:
     def pick(name, auto):
         v = given.get(name, "auto")
         return auto if v == "auto" or v is None else v
+    spec = METHOD_HYPER[method]
     batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
     epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
-    lr = BASE_LR * float(pick("learning_rate_multiplier", AUTO_LR[method]))
+    lr = BASE_LR * float(pick("learning_rate_multiplier", spec.auto_lr))
     if batch < 1 or epochs < 1 or lr <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr)
     if given.get("lora") is not None:
         h.lora = lora.LoraOptions(**given["lora"]).model_dump()
-    if method == "reinforcement":
-        h.group_size = max(2, round(8 * float(pick("compute_multiplier", 1.0))))
-        h.group_size = int(pick("group_size", h.group_size))
-        h.max_new_tokens = int(pick("max_new_tokens", 16))
-        h.eval_interval = int(pick("eval_interval", 0))
-        h.eval_samples = int(pick("eval_samples", 100))
-        if h.group_size < 2:
-            raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
-    if method == "dpo":
-        h.beta = float(pick("beta", 0.1))
-        h.length_normalize = bool(given.get("length_normalize", False))
-        h.reference_free = bool(given.get("reference_free", False))
-        h.sft_weight = float(pick("sft_weight", 0.0))
-        DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
+    if spec.resolve is not None:
+        spec.resolve(h, pick, given)
     return h
 
 

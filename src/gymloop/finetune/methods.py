@@ -12,6 +12,7 @@ format. Any method trains LoRA adapters instead of every weight with hyperparame
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,11 +26,11 @@ from ..models.checkpoint import load_model, save_model
 from ..models.parameters import count_parameters
 from ..models import lora
 from ..seeds import epoch_order
-from ..trainer.logprobs import CompletionLogprobs
-from ..trainer.objectives import Preference, TokenNLL, completion_logps
+from ..trainer.logprobs import CompletionLogprobs, TokenBatch
+from ..trainer.objectives import Objective, Preference, TokenNLL, completion_logps
 from ..trainer.state import read_state
 from ..trainer.trainer import Trainer
-from .examples import Examples, job_examples
+from .examples import Examples, preference_examples, sft_examples
 from .job import Hyper, JobClock, JobRun, Progress  # noqa: F401  (Hyper: what a caller builds a JobRun with)
 from .reinforce import train_reinforcement
 
@@ -42,7 +43,7 @@ from .reinforce import train_reinforcement
 class TokenJob:
     """A supervised or DPO job being trained: the model, its trainer, the examples, the clock."""
 
-    method: str
+    kind: "TokenMethod"
     run: JobRun
     model: torch.nn.Module
     tok: ChatTokenizer
@@ -60,45 +61,67 @@ class TokenJob:
         self.trainer.save_state(path, run={**self.clock.state(), "reference": self.reference})
 
 
+class Supervised:
+    """SFT: a row per example, the NLL of its assistant tokens; a validation file's loss at checkpoints."""
+
+    examples = staticmethod(sft_examples)
+
+    def prepare(self, job: TokenJob, saved: dict | None) -> None:
+        if job.run.valid_rows:
+            job.valid = sft_examples(job.tok, job.run.valid_rows)
+
+    def step_batch(self, job: TokenJob, idx: torch.Tensor) -> tuple[TokenBatch, Objective]:
+        return job.examples.batch(idx), TokenNLL(job.score)
+
+
+class Preferences:
+    """DPO: pair i is example i (preferred) and N + i (not); the reference's log-probs are taken
+    once before the first step and kept in the state, not recomputed on resume."""
+
+    examples = staticmethod(preference_examples)
+
+    def prepare(self, job: TokenJob, saved: dict | None) -> None:
+        hp = job.run.hp
+        job.dpo = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
+        job.reference = saved["run"]["reference"] if saved else (
+            None if hp.reference_free else _reference_logps(job.score, job.examples, hp.batch_size, hp.length_normalize))
+
+    def step_batch(self, job: TokenJob, idx: torch.Tensor) -> tuple[TokenBatch, Objective]:
+        ref = job.reference
+        batch = job.examples.batch(torch.cat((idx, idx + len(job.run.rows))))
+        return batch, Preference(job.dpo, job.score, None if ref is None else ref[0][idx],
+                                 None if ref is None else ref[1][idx])
+
+
+TokenMethod = Supervised | Preferences
+TOKEN_METHODS: dict[str, TokenMethod] = {"supervised": Supervised(), "dpo": Preferences()}
+
+
 def _open(method: str, run: JobRun, progress: Progress) -> TokenJob:
     """Load the model (resuming: the checkpoint's weights, LoRA: the base and its adapter), the
-    trainer (resuming: its state), the examples and (DPO) the reference's log-probs."""
-    hp = run.hp
+    trainer (resuming: its state), the examples and what the method prepares."""
+    hp, kind = run.hp, TOKEN_METHODS[method]
     model, tok = load_model(run.start_model if (hp.lora or not run.resume) else run.resume)
     if hp.lora:
         model = lora.wrap(model, hp.lora, run.resume / lora.ADAPTER_DIR if run.resume else None)
-    examples = job_examples(method, tok, run.rows)
     saved = read_state(run.resume) if run.resume else None
     clock = JobClock(progress, len(run.rows), hp, saved and saved["run"])
-    total = clock.total
     # the fused kernel: AdamW 2.8 -> 1.1 ms of a 17 ms nano step
-    trainer = Trainer(model, hp.learning_rate, betas=(0.9, 0.999), warmup_steps=min(10, total // 10),
-                      decay_steps=total, min_lr_ratio=0.1, max_grad_norm=1.0, fused=True)
+    trainer = Trainer(model, hp.learning_rate, betas=(0.9, 0.999), warmup_steps=min(10, clock.total // 10),
+                      decay_steps=clock.total, min_lr_ratio=0.1, max_grad_norm=1.0, fused=True)
     if saved:
         trainer.set_state(saved, rng=True)
-    job = TokenJob(method, run, model, tok, trainer, CompletionLogprobs(model), examples,
-                   job_examples(method, tok, run.valid_rows) if method == "supervised" and run.valid_rows else None,
-                   clock)
-    if method == "dpo":
-        job.dpo = DPOLoss(hp.beta, hp.length_normalize, hp.reference_free, hp.sft_weight)
-        # the reference is the model before the first step: kept in the state, not recomputed on resume
-        job.reference = saved["run"]["reference"] if saved else (
-            None if hp.reference_free else _reference_logps(job.score, examples, hp.batch_size, hp.length_normalize))
+    job = TokenJob(kind, run, model, tok, trainer, CompletionLogprobs(model), kind.examples(tok, run.rows), None, clock)
+    kind.prepare(job, saved)
     return job
 
 
 def _step(job: TokenJob) -> dict:
     """One optimizer step on the clock's next batch of the epoch's seeded order; its metrics."""
-    hp, n = job.run.hp, len(job.run.rows)                # examples (dpo: pairs) per epoch
+    hp = job.run.hp
     epoch, k = divmod(job.clock.step, job.clock.steps_per_epoch)
-    idx = epoch_order(job.run.seed, epoch, n)[k * hp.batch_size:(k + 1) * hp.batch_size]
-    if job.method == "supervised":
-        batch, objective = job.examples.batch(idx), TokenNLL(job.score)
-    else:
-        ref = job.reference
-        batch = job.examples.batch(torch.cat((idx, idx + n)))
-        objective = Preference(job.dpo, job.score, None if ref is None else ref[0][idx],
-                               None if ref is None else ref[1][idx])
+    idx = epoch_order(job.run.seed, epoch, len(job.run.rows))[k * hp.batch_size:(k + 1) * hp.batch_size]
+    batch, objective = job.kind.step_batch(job, idx)
     m = job.trainer.step(batch, objective)          # the model stays in train mode (set by train_tokens)
     job.clock.step += 1
     job.clock.tokens += int(batch.attention_mask.sum())
@@ -135,8 +158,8 @@ def train_tokens(method: str, run: JobRun, progress: Progress) -> dict:
 
 
 METHODS: Table[Callable[[JobRun, Progress], dict]] = Table("fine-tuning method", {
-    "supervised": (lambda run, p: train_tokens("supervised", run, p), "NLL on the assistant turns"),
-    "dpo": (lambda run, p: train_tokens("dpo", run, p), "DPO on preferred / non-preferred answers"),
+    "supervised": (functools.partial(train_tokens, "supervised"), "NLL on the assistant turns"),
+    "dpo": (functools.partial(train_tokens, "dpo"), "DPO on preferred / non-preferred answers"),
     "reinforcement": (train_reinforcement, "GRPO on the prompts, rewarded by the job's grader"),
 })
 

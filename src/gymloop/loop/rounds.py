@@ -13,12 +13,13 @@ from the same model, optimizer state and seeds; a committed round is never repea
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 
-from ..accounting.ledger import load_profiles
-from ..accounting.rows import phase_rows, round_rows
+from ..accounting.ledger import Profile, load_profiles
+from ..accounting.rows import LedgerRow, phase_rows, round_rows
 from ..seeds import round_seed
 from ..trainer.state import has_state
 from ..config import TrainConfig
@@ -35,6 +36,63 @@ from ..tracking.progress import progress as progress_bar
 from ..store import Store
 from ..orchestrator.train import train
 
+
+
+@dataclass
+class RoundContext:
+    """What a round's training needs: the loop, the store, the round, where it starts from and
+    writes to, whether drift was detected (the curriculum then favours production), the round's
+    clocks and price."""
+
+    cfg: LoopConfig
+    store: Store
+    r: int
+    start_dir: str
+    out_dir: Path
+    drift: bool
+    phases: Phases
+    profile: Profile
+    progress: bool
+
+
+@dataclass
+class Trained:
+    """A round's candidate and what its training cost and did."""
+
+    candidate: str
+    ledger: list[LedgerRow]
+    training: dict
+    economics: dict
+    curriculum: dict = field(default_factory=dict)
+
+
+def grpo_round(ctx: RoundContext) -> Trained:
+    """GRPO from the round's start model (its optimizer state carried on) on the curriculum."""
+    cfg, r = ctx.cfg, ctx.r
+    tcfg = TrainConfig(**{**cfg.blocks(), "model": ctx.start_dir, "seed": round_seed(cfg.seed, r),
+                          "run_dir": str(ctx.out_dir.parent), "name": ctx.out_dir.name},
+                       init_trainer_state=ctx.start_dir if has_state(ctx.start_dir) else None)
+    with ctx.phases.time("curriculum"):
+        source, cur_stats = curriculum(cfg, ctx.store, r, cfg.drift.production_share if ctx.drift else None)
+    summary = train(tcfg, progress=ctx.progress, echo=lambda m: None, task_source=source)
+    return Trained(str(Path(summary["run_dir"]) / "checkpoint"), phase_rows(summary["economics"]["phases"]),
+                   training_stats(summary),
+                   {k: summary["economics"].get(k) for k in ("dollars", "post_training_dollars",
+                                                             "cost_per_1m_generated_tokens")}, cur_stats)
+
+
+def traces_round(ctx: RoundContext) -> Trained:
+    """A fine-tuning job (sft / dpo) on production's traces with feedback."""
+    candidate, training, rows = train_on_traces(ctx.store, ctx.cfg.round, ctx.start_dir, ctx.out_dir,
+                                                round_seed(ctx.cfg.seed, ctx.r), ctx.profile)
+    dollars = sum(x.dollars for x in rows)
+    return Trained(candidate, rows, training, {"dollars": dollars, "post_training_dollars": dollars,
+                                               "cost_per_1m_generated_tokens": None})
+
+
+# round.method -> how the round trains its candidate
+ROUND_METHODS: dict[str, Callable[[RoundContext], Trained]] = {"grpo": grpo_round, "sft": traces_round,
+                                                                "dpo": traces_round}
 
 
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
@@ -65,38 +123,21 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             echo(f"round {r}: drift " + ", ".join(
                 f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
                 f"{e['before']:.0%} -> {e['after']:.0%})" for e in drift))
-        tcfg = TrainConfig(**{**cfg.blocks(), "model": start_dir, "seed": round_seed(cfg.seed, r),
-                              "run_dir": str(loop_dir), "name": f"round-{r:04d}"},
-                           init_trainer_state=start_dir if has_state(start_dir) else None)
-        if cfg.round.method == "grpo":
-            with phases.time("curriculum"):
-                source, cur_stats = curriculum(cfg, store, r, cfg.drift.production_share if drift else None)
-            summary = train(tcfg, progress=progress, echo=lambda m: None, task_source=source)
-            candidate = str(Path(summary["run_dir"]) / "checkpoint")
-            trained = phase_rows(summary["economics"]["phases"])
-            training = training_stats(summary)
-            economics = {k: summary["economics"].get(k) for k in ("dollars", "post_training_dollars",
-                                                                   "cost_per_1m_generated_tokens")}
-        else:    # a fine-tuning job on production's traces
-            candidate, training, rows = train_on_traces(store, cfg.round, start_dir, loop_dir / f"round-{r:04d}",
-                                                        round_seed(cfg.seed, r), profile)
-            trained = rows
-            cur_stats = {}
-            economics = {"dollars": sum(x.dollars for x in rows), "post_training_dollars": sum(x.dollars for x in rows),
-                         "cost_per_1m_generated_tokens": None}
+        ctx = RoundContext(cfg, store, r, start_dir, loop_dir / f"round-{r:04d}", bool(drift), phases, profile, progress)
+        trained = ROUND_METHODS[cfg.round.method](ctx)
+        candidate = trained.candidate
         with phases.time("gate_evaluation"):
             after = suite_scores(candidate, suites, gate_run)
         promote, why = gate(before, after, target, cfg.gate)
         status = "promoted" if promote else "rejected"
         finished = time.time()
-        ledger = round_rows(trained, phases.seconds, profile, finished - started)
+        ledger = round_rows(trained.ledger, phases.seconds, profile, finished - started)
         version = store.versions.commit_round(
             cfg.name, r, path=candidate, parent=start["version"], status=status, scores=after,
             started=started, finished=finished, ledger_rows=ledger,
             metrics={"target": target, "served_version": current["version"], "trained_from": start["version"],
-                     "before": before, "after": after, "why": why, "curriculum": cur_stats,
-                     "drift": drift,
-                     "training": training, "economics": economics})
+                     "before": before, "after": after, "why": why, "curriculum": trained.curriculum,
+                     "drift": drift, "training": trained.training, "economics": trained.economics})
         echo(f"round {r}: v{version} {status} ({why}); " + ", ".join(f"{k} {v:.3f}" for k, v in after.items()))
         write_loop_files(store, cfg, target, loop_dir, profiles)
         bar.update(1)

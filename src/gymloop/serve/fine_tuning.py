@@ -388,22 +388,35 @@ def _archive_response(ckpt: dict, fmt: str, name: str) -> Response:
                         background=BackgroundTask(os.unlink, tmp))
 
 
-def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -> int:
-    """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
-    other tokenizers; reinforcement: group_size samples of each prompt, each at most
-    max_new_tokens long)."""
-    from ..bases.nano import nano_tokenizer
-    from ..finetune.examples import completion_example, sft_example
+def _sft_tokens(tok, rows: list[dict], hp: dict) -> int:
+    from ..finetune.examples import sft_example
 
-    tok = nano_tokenizer()
-    rows = parse(store.files.content(tenant, file_id)).rows
-    if method == "supervised":
-        return sum(len(sft_example(tok, r)[0]) for r in rows)
-    if method == "reinforcement":
-        return sum(hp["group_size"] * (len(tok.prompt_ids(r["messages"], tools=r.get("tools"))) + hp["max_new_tokens"])
-                   for r in rows)
+    return sum(len(sft_example(tok, r)[0]) for r in rows)
+
+
+def _dpo_tokens(tok, rows: list[dict], hp: dict) -> int:
+    from ..finetune.examples import completion_example
+
     return sum(len(completion_example(tok, r["input"]["messages"], r[k], r["input"].get("tools"))[0])
                for r in rows for k in ("preferred_output", "non_preferred_output"))
+
+
+def _rft_tokens(tok, rows: list[dict], hp: dict) -> int:
+    # group_size samples of each prompt, each at most max_new_tokens long
+    return sum(hp["group_size"] * (len(tok.prompt_ids(r["messages"], tools=r.get("tools"))) + hp["max_new_tokens"])
+               for r in rows)
+
+
+# method -> tokens one epoch of its rows trains on
+EPOCH_TOKENS = {"supervised": _sft_tokens, "dpo": _dpo_tokens, "reinforcement": _rft_tokens}
+
+
+def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -> int:
+    """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
+    other tokenizers)."""
+    from ..bases.nano import nano_tokenizer
+
+    return EPOCH_TOKENS[method](nano_tokenizer(), parse(store.files.content(tenant, file_id)).rows, hp)
 
 
 __all__ = ["BASE_LR", "STATUSES", "files", "graders", "jobs"]
