@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-DOCS = [HERE / "README.md", ROOT / "README.md"]
+DOCS = [HERE / "README.md", ROOT / "README.md", ROOT / "docs" / "guide.md"]
 BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+)(?P<latest> latest)? -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
