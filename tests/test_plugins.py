@@ -208,7 +208,7 @@ def test_a_loop_says_when_its_environment_cannot_rebuild_production_tasks(tmp_pa
     cfg = LoopConfig(store=str(tmp_path / "s.db"), env={"name": "digit"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, stats = curriculum(cfg, store, 1)
+        _, stats = curriculum(cfg.curriculum, cfg.env, cfg.grpo.prompts_per_step, cfg.seed, store, 1)
     assert stats["production_not_rebuildable"] == 2 and stats["production_per_step"] == 0
     said = [str(w.message) for w in caught if "has no task_from_id" in str(w.message)]
     assert len(said) == 1 and "2 production tasks" in said[0]      # once, with the whole count

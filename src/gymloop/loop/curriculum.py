@@ -5,26 +5,26 @@ from __future__ import annotations
 import warnings
 from typing import Callable
 
-
-from .config import LoopConfig
-from ..seeds import round_seed, step_seed
+from ..config import EnvSpec
 from ..envs import Task, make_env, rebuilds_tasks
+from ..seeds import step_seed
 from ..store import Store
+from .config import CurriculumConfig
 
 
-
-
-def curriculum(cfg: LoopConfig, store: Store, r: int,
+def curriculum(cur: CurriculumConfig, target: EnvSpec, per_step: int, run_seed: int, store: Store, r: int,
                production_share: float | None = None) -> tuple[Callable[[int], list[Task]], dict]:
-    """task_source(step) for round r: production failures of the target environment (rebuilt
-    from their ids, recorded in the store as production tasks) mixed with fresh train tasks."""
-    env = make_env(cfg.env.name, **cfg.env.options)
+    """task_source(step) for round r, `per_step` tasks a step: production failures of the target
+    environment (rebuilt from their ids, recorded in the store as production tasks) and replayed
+    successes, by the curriculum's shares (`production_share` overrides the first, after a drift),
+    the rest fresh train tasks drawn as the round's run draws them (seeds.step_seed of its seed)."""
+    env = make_env(target.name, **target.options)
     skipped = 0
 
     def rebuild(rows: list[dict]) -> list[Task]:
         nonlocal skipped
         out = []
-        mine = [f for f in rows if f["env"] in (env.name, cfg.env.name)]
+        mine = [f for f in rows if f["env"] in (env.name, target.name)]
         if mine and not rebuilds_tasks(env):
             skipped += len(mine)     # said once below, never dropped silently
             return []
@@ -45,10 +45,10 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
         # the loop then learns from fresh tasks only
         warnings.warn(f"environment {env.name!r} has no task_from_id: {skipped} production tasks cannot "
                       "become training tasks (docs/environments.md)", stacklevel=2)
-    n = cfg.grpo.prompts_per_step
-    share = cfg.curriculum.production_share if production_share is None else production_share
+    n = per_step
+    share = cur.production_share if production_share is None else production_share
     n_prod = min(len(failures), round(n * share))
-    n_replay = min(len(successes), round(n * cfg.curriculum.replay_share), n - n_prod)
+    n_replay = min(len(successes), round(n * cur.replay_share), n - n_prod)
     stats = {"production_failures": len(failures), "production_per_step": n_prod,
              "replay_per_step": n_replay, "production_not_rebuildable": skipped}
 
@@ -57,16 +57,17 @@ def curriculum(cfg: LoopConfig, store: Store, r: int,
         return [pool[(start + i) % len(pool)] for i in range(k)] if k else []
 
     def source(step: int) -> list[Task]:
-        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=step_seed(round_seed(cfg.seed, r), step))
+        fresh = env.sample_tasks(n - n_prod - n_replay, "train", seed=step_seed(run_seed, step))
         return cycle(failures, n_prod, step) + cycle(successes, n_replay, step) + fresh
 
     return source, stats
 
 
-def lineage_start(cfg: LoopConfig, store: Store, served: dict) -> dict:
-    """The model version round training starts from (with its optimizer state)."""
-    if cfg.lineage == "latest":
-        done = store.versions.rounds(cfg.name)
+def lineage_start(lineage: str, run_id: str, store: Store, served: dict) -> dict:
+    """The model version round training starts from (with its optimizer state): the served one,
+    or (`latest`) the loop's latest candidate."""
+    if lineage == "latest":
+        done = store.versions.rounds(run_id)
         if done:
             return store.versions.get(done[-1]["metrics"]["version"])
     return served

@@ -73,7 +73,8 @@ def grpo_round(ctx: RoundContext) -> Trained:
                           "run_dir": str(ctx.out_dir.parent), "name": ctx.out_dir.name},
                        init_trainer_state=ctx.start_dir if has_state(ctx.start_dir) else None)
     with ctx.phases.time("curriculum"):
-        source, cur_stats = curriculum(cfg, ctx.store, r, cfg.drift.production_share if ctx.drift else None)
+        source, cur_stats = curriculum(cfg.curriculum, cfg.env, cfg.grpo.prompts_per_step, tcfg.seed, ctx.store, r,
+                                       cfg.drift.production_share if ctx.drift else None)
     summary = train(tcfg, progress=ctx.progress, echo=lambda m: None, task_source=source)
     return Trained(str(Path(summary["run_dir"]) / "checkpoint"), phase_rows(summary["economics"]["phases"]),
                    training_stats(summary),
@@ -116,7 +117,7 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
         # Re-measured every round: an environment that changed shows up as a drop here.
         with phases.time("gate_evaluation"):
             before = suite_scores(current["path"], suites, gate_run)
-        start = lineage_start(cfg, store, current)
+        start = lineage_start(cfg.lineage, cfg.name, store, current)
         start_dir = start["path"]
         drift = detect_drift(cfg.drift, cfg.name, store, r, current["scores"], before)
         if drift:
