@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .base import Environment, Message, Score, Split, Task
+from .grader_types import Grader, PythonGrader
 from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, uses_python, validate
 
 
@@ -33,7 +34,7 @@ class GradedConfig(BaseModel):
     path: str | None = Field(None, description="Reinforcement JSONL file: prompts and the fields graders read.")
     rows: list[dict[str, Any]] | None = Field(None, description="The same rows in memory, instead of `path` (a "
                                               "fine-tuning job's, checked when its file was uploaded).")
-    grader: dict[str, Any] = Field(description="The grader (string_check, text_similarity, python, score_model, "
+    grader: Grader = Field(description="The grader (string_check, text_similarity, python, score_model, "
                                    "multi), as the fine-tuning API takes it.")
     heldout_path: str | None = Field(None, description="Held-out prompts (default: the training ones).")
     heldout_rows: list[dict[str, Any]] | None = Field(None, description="Held-out rows in memory, instead of "
@@ -42,14 +43,13 @@ class GradedConfig(BaseModel):
     timeout_s: float = Field(10.0, gt=0, description="python graders: sandbox wall-clock limit per reply.")
     sandbox_slots: int = Field(2, ge=1, description="python graders: replies graded at once.")
 
-    @field_validator("grader")
+    @field_validator("grader", mode="before")
     @classmethod
-    def _valid(cls, g: dict) -> dict:
+    def _valid(cls, g: Any) -> Grader:
         try:
-            validate(g)
+            return validate(g)          # typed, and every part of it checked
         except GraderError as exc:
             raise ValueError(f"grader: {exc}") from None
-        return g
 
     @model_validator(mode="after")
     def _one_source(self) -> "GradedConfig":
@@ -143,10 +143,10 @@ class GradedEnv(Environment):
 
     def verify_batch(self, items: list[tuple[Task, list[Message]]]) -> list[Score]:
         g = self.config.grader
-        if g.get("type") == "python":
+        if isinstance(g, PythonGrader):
             # a batch of replies in one sandboxed process per slot (a process start per reply
             # would cost more than generating them)
-            values = self._python.many(g["source"], [(sample_of(_reply(m)), t.info["item"]) for t, m in items])
+            values = self._python.many(g.source, [(sample_of(_reply(m)), t.info["item"]) for t, m in items])
             return [Score(v, {"reward": v}, f"graded {v:g}") if isinstance(v, float) else
                     Score(0.0, {}, "grader error", error=f"python_grader_runtime_error: {v}") for v in values]
         if not uses_python(g):

@@ -25,7 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
 from ..algorithms.table import Table
+from .grader_types import (Grader, MultiGrader, PythonGrader, ScoreModelGrader, StringCheckGrader,
+                           TextSimilarityGrader)
 
 # CPython 3.11's AST constructor keeps its recursion depth in state shared between threads, so two
 # threads parsing at once can fail with "AST constructor recursion depth mismatch" (gh-106905):
@@ -92,14 +96,13 @@ def render(template: Any, sample: dict, item: dict) -> str:
     return TEMPLATE.sub(value, template)
 
 
-def string_check(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:
-    a, b = render(g.get("input"), sample, item), render(g.get("reference"), sample, item)
-    ops: dict[str, Callable[[str, str], bool]] = {
-        "eq": operator.eq, "ne": operator.ne, "like": lambda x, y: y in x, "ilike": lambda x, y: y.lower() in x.lower()}
-    op = g.get("operation")
-    if op not in ops:
-        raise GraderError(f"string_check operation must be one of {', '.join(ops)} (got {op!r})")
-    return Grade(float(ops[op](a, b)))
+STRING_OPS: dict[str, Callable[[str, str], bool]] = {
+    "eq": operator.eq, "ne": operator.ne, "like": lambda x, y: y in x, "ilike": lambda x, y: y.lower() in x.lower()}
+
+
+def string_check(g: StringCheckGrader, sample: dict, item: dict, rt: "Runtime") -> Grade:
+    a, b = render(g.input, sample, item), render(g.reference, sample, item)
+    return Grade(float(STRING_OPS[g.operation](a, b)))
 
 
 def _bleu(a: str, b: str) -> float:
@@ -127,11 +130,9 @@ METRICS: dict[str, Callable[[str, str], float]] = {
     "rouge_l": _rouge("rougeL")}
 
 
-def text_similarity(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:
-    metric = g.get("evaluation_metric")
-    if metric not in METRICS:
-        raise GraderError(f"text_similarity evaluation_metric must be one of {', '.join(METRICS)} (got {metric!r})")
-    a, b = render(g.get("input"), sample, item), render(g.get("reference"), sample, item)
+def text_similarity(g: TextSimilarityGrader, sample: dict, item: dict, rt: "Runtime") -> Grade:
+    metric = g.evaluation_metric
+    a, b = render(g.input, sample, item), render(g.reference, sample, item)
     try:
         value = float(METRICS[metric](a, b))
     except ImportError as exc:
@@ -226,18 +227,21 @@ class SandboxPython:
                 self._pool = None
 
 
-def uses_python(g: Any) -> bool:
+def sub_graders(g: MultiGrader) -> dict[str, Grader]:
+    """A multi grader's parts by name (the SDK may type `graders` as one grader: named by its name)."""
+    return g.graders if isinstance(g.graders, dict) else {g.graders.name: g.graders}
+
+
+def uses_python(g: Grader) -> bool:
     """Whether a grader runs python anywhere in it (itself, or a multi's sub-grader)."""
-    if not isinstance(g, dict):
-        return False
-    subs = g.get("graders")
-    subs = list(subs.values()) if isinstance(subs, dict) and "type" not in subs else [subs]   # named, or one
-    return g.get("type") == "python" or any(uses_python(x) for x in subs)
+    if isinstance(g, MultiGrader):
+        return any(uses_python(x) for x in sub_graders(g).values())
+    return isinstance(g, PythonGrader)
 
 
-def python(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:
+def python(g: PythonGrader, sample: dict, item: dict, rt: "Runtime") -> Grade:
     """`grade(sample, item)` in the sandbox (rt.python: source, sample, item -> reward or raise)."""
-    source = g.get("source")
+    source = g.source
     _check_source(source)
     if rt.python is None:
         raise GraderError("python graders are not available here", "python_grader_server_error")
@@ -280,42 +284,24 @@ def formula(expr: str, names: dict[str, float]) -> float:
         raise GraderError("calculate_output divides by zero", "formula_parse_error") from None
 
 
-def multi(g: dict, sample: dict, item: dict, rt: "Runtime") -> Grade:
-    graders = g.get("graders")
-    if isinstance(graders, dict) and "type" in graders and "name" in graders:
-        graders = {graders["name"]: graders}          # the SDK types `graders` as one grader
-    if not isinstance(graders, dict) or not graders:
-        raise GraderError("a multi grader needs graders: {name: grader, ...}")
-    subs = {name: grade(sub, sample, item, rt).reward for name, sub in graders.items()}
-    expr = g.get("calculate_output")
-    if not isinstance(expr, str):
-        raise GraderError("a multi grader needs calculate_output", "formula_parse_error")
-    return Grade(formula(expr, subs), subs)
+def multi(g: MultiGrader, sample: dict, item: dict, rt: "Runtime") -> Grade:
+    subs = {name: grade(sub, sample, item, rt).reward for name, sub in sub_graders(g).items()}
+    return Grade(formula(g.calculate_output, subs), subs)
 
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def score_model(g: dict, sample: dict, item: dict, rt: Runtime) -> Grade:
-    """The model `g["model"]` answers the rendered `input` messages with a score in `range`
+def score_model(g: ScoreModelGrader, sample: dict, item: dict, rt: Runtime) -> Grade:
+    """The model `g.model` answers the rendered `input` messages with a score in `range`
     (default [0, 1]): a JSON {"result": x} or the first number of its reply, mapped to [0, 1].
     A reply without a number, or one outside the range, is an model_grader_parse_error."""
-    model, messages = g.get("model"), g.get("input")
-    if not isinstance(model, str) or not model:
-        raise GraderError("a score_model grader needs model: an id this server serves")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and m.get("role") in ("system", "developer", "user", "assistant") for m in messages):
-        raise GraderError("a score_model grader's input is a non-empty list of {role, content} messages")
-    bounds = g.get("range") or (0.0, 1.0)
-    if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2):
-        raise GraderError(f"a score_model grader's range must be [low, high] (got {bounds!r})")
-    lo, hi = bounds
-    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi):
-        raise GraderError(f"a score_model grader's range must be [low, high] with low < high (got {g.get('range')!r})")
-    params = g.get("sampling_params") or {}
-    if not isinstance(params, dict):
-        raise GraderError("sampling_params must be an object")
-    rendered = [{"role": m["role"], "content": render(m.get("content"), sample, item)} for m in messages]
+    model = g.model
+    lo, hi = g.range or (0.0, 1.0)
+    if not lo < hi:
+        raise GraderError(f"a score_model grader's range must be [low, high] with low < high (got {g.range!r})")
+    params = g.sampling_params or {}
+    rendered = [{"role": m.role, "content": render(m.content, sample, item)} for m in g.input]
     if rt.chat is None:
         raise GraderError("score_model graders are not available here", "model_grader_server_error")
     try:
@@ -352,15 +338,30 @@ GRADERS: Table[Callable[..., Grade]] = Table("grader type", {
 })
 
 
-def grade(g: Any, sample: dict, item: dict, rt: "Runtime") -> Grade:
+_GRADER = TypeAdapter(Grader)
+
+
+def parse(g: Any) -> Grader:
+    """A grader (a dict in OpenAI's shape, or already typed) as its typed model; GraderError
+    naming the first bad field otherwise."""
+    if isinstance(g, BaseModel):
+        return g
+    if not isinstance(g, dict) or g.get("type") not in GRADERS:
+        kind = g.get("type") if isinstance(g, dict) else type(g).__name__
+        raise GraderError(f"unknown grader type {kind!r}; known: {', '.join(GRADERS)}")
+    try:
+        return _GRADER.validate_python(g)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"][1:]) or "grader"    # [0] is the union's tag
+        raise GraderError(f"{g['type']} grader: {loc}: {e['msg']}") from None
+
+
+def grade(g: Grader, sample: dict, item: dict, rt: "Runtime") -> Grade:
     """Run one grader; a reward outside [0, 1] is an error."""
-    if not isinstance(g, dict):
-        raise GraderError("a grader is an object with a type")
-    if g.get("type") not in GRADERS:
-        raise GraderError(f"unknown grader type {g.get('type')!r}; known: {', '.join(GRADERS)}")
-    out = GRADERS.impl(g["type"])(g, sample, item, rt)
+    out = GRADERS.impl(g.type)(g, sample, item, rt)
     if not 0.0 <= out.reward <= 1.0:
-        raise GraderError(f"the {g['type']} grader's reward {out.reward} is not in [0, 1]")
+        raise GraderError(f"the {g.type} grader's reward {out.reward} is not in [0, 1]")
     return out
 
 
@@ -387,10 +388,11 @@ def _check_source(source: Any) -> None:
         raise GraderError("a python grader's source must define grade(sample, item) at the top level")
 
 
-def validate(g: Any, served: Callable[[str], bool] | None = None) -> None:
-    """Raise GraderError unless `g` is a well-formed grader: every part of it run once on a sample
-    and item in which every reference exists, python sources parsed (not run), score_model models
-    checked with `served(model)`."""
+def validate(g: Any, served: Callable[[str], bool] | None = None) -> Grader:
+    """`g` typed, or GraderError unless it is a well-formed grader: every part of it run once on a
+    sample and item in which every reference exists, python sources parsed (not run), score_model
+    models checked with `served(model)`."""
+    g = parse(g)
     def python(source: str, sample: dict, item: dict) -> float:
         _check_source(source)
         return 0.0
@@ -400,6 +402,7 @@ def validate(g: Any, served: Callable[[str], bool] | None = None) -> None:
             raise GraderError(f"score_model model {model!r} is not served here")
         return ""
     grade(g, _Anything(), _Anything(), Runtime(python=python, chat=chat, dry=True))
+    return g
 
 
 def run(g: Any, output_text: str, item: dict, rt: "Runtime") -> dict:
@@ -412,16 +415,16 @@ def run(g: Any, output_text: str, item: dict, rt: "Runtime") -> dict:
                                  "model_grader_parse_error", "model_grader_refusal_error",
                                  "model_grader_server_error")}
     reward, subs, detail = 0.0, {}, None
+    name = g.get("name", "") if isinstance(g, dict) else getattr(g, "name", "")
+    gtype = g.get("type", "") if isinstance(g, dict) else getattr(g, "type", "")
     try:
-        out = grade(g, sample_of(output_text), item, rt)
+        out = grade(parse(g), sample_of(output_text), item, rt)
         reward, subs = out.reward, out.sub_rewards
     except GraderError as exc:
         errors[exc.kind] = True
         detail = str(exc)
         if exc.kind in ("python_grader_runtime_error", "model_grader_server_error"):
             errors[exc.kind + "_details"] = detail
-    name = g.get("name", "") if isinstance(g, dict) else ""
-    gtype = g.get("type", "") if isinstance(g, dict) else ""
     return {"reward": reward, "sub_rewards": subs, "model_grader_token_usage_per_model": {},
             "metadata": {"name": name, "type": gtype, "errors": {**errors, "other_error_details": detail}
                          if detail and errors["other_error"] else errors,

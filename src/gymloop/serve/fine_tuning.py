@@ -18,6 +18,7 @@ from .http import APIError, found, limit_of
 from .openapi import error_responses, json_body
 from .services import Caller, Services, caller, services
 from ..store import Store
+from ..envs.grader_types import Grader
 from ..envs.graders import GraderError
 from ..finetune.archive import FORMATS
 from ..finetune.formats import FormatError, parse
@@ -130,7 +131,7 @@ async def delete_file(file_id: str, svc: Services = Depends(services), who: Call
 graders = APIRouter()
 
 
-def check_grader(svc: Services, tenant: str, grader: dict, param: str) -> None:
+def check_grader(svc: Services, tenant: str, grader: Grader, param: str) -> None:
     from ..envs.graders import validate as check
 
     try:
@@ -146,7 +147,7 @@ async def run_grader(request: Request, svc: Services = Depends(services), who: C
     from ..envs.graders import run
 
     body: GraderRun = await svc.body(request, GraderRun)
-    return await run_in_threadpool(run, grader_dict(body.grader), body.model_sample, body.item or {},
+    return await run_in_threadpool(run, body.grader, body.model_sample, body.item or {},
                                    svc.grader_runtime(who.tenant))
 
 
@@ -156,7 +157,7 @@ async def validate_grader(request: Request, svc: Services = Depends(services), w
     """The grader back when it is well-formed (every part checked, python parsed, not run);
     a 400 naming what is wrong otherwise."""
     body: GraderValidate = await svc.body(request, GraderValidate)
-    await run_in_threadpool(check_grader, svc, who.tenant, grader_dict(body.grader), "grader")
+    await run_in_threadpool(check_grader, svc, who.tenant, body.grader, "grader")
     return {"grader": grader_dict(body.grader)}
 
 
@@ -202,8 +203,8 @@ def check_create(svc: Services, tenant: str, body: JobCreate) -> tuple[dict, dic
     if method == "reinforcement":
         if options is None:
             raise APIError(400, "method.reinforcement (with its grader) is required", param="method.reinforcement")
-        spec["grader"] = grader_dict(options.grader)
-        check_grader(svc, tenant, spec["grader"], "method.reinforcement.grader")
+        check_grader(svc, tenant, options.grader, "method.reinforcement.grader")
+        spec["grader"] = grader_dict(options.grader)        # stored as JSON; the job's environment types it again
     return spec, {"resolved": hp.__dict__, "public": hp.public(method)}, n
 
 
