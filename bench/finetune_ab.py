@@ -7,11 +7,13 @@ holds).
 The other commit's `src/gymloop` is unpacked (git archive) into a temporary directory as the
 package `gymloop_ab` (gymloop imports itself relatively), and both run one epoch of the same rows
 through `finetune.methods.train_tokens`, as API jobs do. Prints ms per step (median over repeats,
-steps 2..N) and the speed-up per case, with each repeat's ratio.
+steps 2..N) and the speed-up per case, with each repeat's ratio, and whether every run of both
+sides ended at the same weights (a refactor that keeps the arithmetic does).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import io
 import statistics
@@ -40,6 +42,18 @@ def other_package(commit: str) -> object:
     return importlib.import_module("gymloop_ab.finetune.methods")
 
 
+def weights_hash(model_dir: Path) -> str:
+    """A hash of every tensor of a saved model, in name order."""
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        w = load_file(f)
+        for k in sorted(w):
+            h.update(k.encode() + w[k].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", required=True, help="the commit to compare with (HEAD~1, a sha)")
@@ -53,21 +67,25 @@ def main() -> None:
     sides = {args.against: other_package(args.against), "this checkout": importlib.import_module("gymloop.finetune.methods")}
     model_dir = resolve_model(args.model, progress=False)
     data = rows(args.steps * args.batch)
-    table = [["case", f"{args.against} ms/step", "this checkout ms/step", "speed-up", "per-repeat ratios"]]
+    table = [["case", f"{args.against} ms/step", "this checkout ms/step", "speed-up", "per-repeat ratios",
+              "same weights"]]
     out = []
     for case in args.case:
         method, system = CASES[case]
         sec: dict[str, list[float]] = {k: [] for k in sides}
+        finals: dict[str, list[Path]] = {k: [] for k in sides}
         for i in range(args.repeats):
             for k in (list(sides) if i % 2 == 0 else list(sides)[::-1]):     # alternate which runs first
-                s, _ = ours(method, model_dir, data, args.batch, 1e-3, None, system, methods=sides[k])
+                s, _ = ours(method, model_dir, data, args.batch, 1e-3, None, system, methods=sides[k], final=finals[k])
                 sec[k].append(s / (args.steps - 1))                      # steps 2..N
+        # the same rows, seed and steps: a change that keeps the trainer's arithmetic gives equal weights
+        same = len({weights_hash(d) for k in sides for d in finals[k]}) == 1
         old, new = (statistics.median(v) for v in sec.values())
         ratios = [a / b for a, b in zip(*sec.values())]
         table.append([case, f"{old * 1e3:.2f}", f"{new * 1e3:.2f}", f"{old / new:.3f}x",
-                      " ".join(f"{r:.2f}" for r in ratios)])
+                      " ".join(f"{r:.2f}" for r in ratios), "yes" if same else "no"])
         out.append({"case": case, "against_seconds": sec[args.against], "this_seconds": sec["this checkout"],
-                    "speedup": old / new})
+                    "speedup": old / new, "same_weights": same})
         print(common.table(table[:1] + table[-1:], record=False), flush=True)
     print(f"\nfine-tuning step time, this checkout vs {args.against} ({args.model}, batch {args.batch}, "
           f"{args.steps} steps, median of {args.repeats}, alternating, 1 thread)")

@@ -59,9 +59,10 @@ def prompt(p: str, system: str | None) -> list[dict]:
 
 
 def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict | None,
-         system: str | None = None, methods=None) -> tuple[float, int]:
+         system: str | None = None, methods=None, final: list | None = None) -> tuple[float, int]:
     """(steady seconds, steady tokens) of one epoch through train_tokens (of `methods`, another
-    commit's finetune.methods module in finetune_ab.py; default this checkout's)."""
+    commit's finetune.methods module in finetune_ab.py; default this checkout's); the trained
+    model's directory is appended to `final` when given."""
     m = methods or fm
     if method == "supervised":
         r = [{"messages": prompt(p, system) + [{"role": "assistant", "content": c}]} for p, c, _ in data]
@@ -73,7 +74,9 @@ def ours(method: str, model_dir: Path, data, batch: int, lr: float, lora: dict |
     hp = m.Hyper(n_epochs=1, batch_size=batch, learning_rate=lr, lora=lora)
     progress = m.Progress(on_metrics=lambda x: marks.append((time.perf_counter(), x["trained_tokens"])),
                           on_checkpoint=lambda *a: None, should_stop=lambda: None, checkpoint_every=10**9)
-    m.train_tokens(method, m.JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
+    out = m.train_tokens(method, m.JobRun(model_dir, None, r, None, hp, 0, Path(tempfile.mkdtemp())), progress)
+    if final is not None:
+        final.append(Path(out["final"]))
     return marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]
 
 
