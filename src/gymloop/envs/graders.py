@@ -414,6 +414,9 @@ def run(g: Any, output_text: str, item: dict, rt: "Runtime") -> dict:
                                  "truncated_observation_error", "unresponsive_reward_error",
                                  "model_grader_parse_error", "model_grader_refusal_error",
                                  "model_grader_server_error")}
+    # the details OpenAI's schema requires beside the flags (null unless that error happened)
+    errors.update(python_grader_server_error_type=None, python_grader_runtime_error_details=None,
+                  model_grader_server_error_details=None)
     reward, subs, detail = 0.0, {}, None
     name = g.get("name", "") if isinstance(g, dict) else getattr(g, "name", "")
     gtype = g.get("type", "") if isinstance(g, dict) else getattr(g, "type", "")

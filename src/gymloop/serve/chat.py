@@ -172,7 +172,7 @@ async def answer(svc: Services, p: Prepared, gen, version: int) -> tuple[dict, s
     n_prompt, n_gen = len(p.prompt), len(gen.token_ids)
     body = {"id": p.cid, "object": "chat.completion", "created": p.created, "model": p.name,
             "system_fingerprint": f"gymloop-v{version}", "model_version": version,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                          "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
                          "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}

@@ -33,9 +33,13 @@ MAX_FILE_BYTES = 512 << 20
 
 
 def _file(f: dict) -> dict:
-    return {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": int(f["created"]),
-            "filename": f["filename"], "purpose": f["purpose"], "status": f["status"],
-            "status_details": f["status_details"], "expires_at": None}
+    # files never expire here: no expires_at (the schema has no null for it); status_details only
+    # when there is one (why a file failed validation)
+    out = {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": int(f["created"]),
+           "filename": f["filename"], "purpose": f["purpose"], "status": f["status"]}
+    if f["status_details"] is not None:
+        out["status_details"] = f["status_details"]
+    return out
 
 
 def _job(j: dict) -> dict:
@@ -65,7 +69,9 @@ def _checkpoint(c: dict) -> dict:
 
 
 def _page(items: list[dict], more: bool) -> dict:
-    return {"object": "list", "data": items, "has_more": more}
+    """A list page; first_id / last_id name its ends (null when empty), as OpenAI's lists do."""
+    return {"object": "list", "data": items, "has_more": more,
+            "first_id": items[0]["id"] if items else None, "last_id": items[-1]["id"] if items else None}
 
 
 # --- files -------------------------------------------------------------------------------------
