@@ -60,11 +60,14 @@ def test_chat_completions_conform(api):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     _ok(api.post("/chat/completions", json={**chat, "tools": tools}), "/chat/completions", "post")
-    with api.stream("POST", "/chat/completions", json={**chat, "stream": True}) as r:
-        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    assert chunks
-    for c in chunks:
-        assert problems("/chat/completions", "post", c, media="text/event-stream") == []
+    group = _ok(api.post("/chat/completions", json={**chat, "n": 3, "logprobs": True}), "/chat/completions", "post")
+    assert len(group["choices"]) == 3
+    for stream in ({**chat, "stream": True}, {**chat, "stream": True, "n": 2}):
+        with api.stream("POST", "/chat/completions", json=stream) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert {c["choices"][0]["index"] for c in chunks} == set(range(stream.get("n", 1)))
+        for c in chunks:
+            assert problems("/chat/completions", "post", c, media="text/event-stream") == []
     _ok(api.get("/models"), "/models", "get")
 
 

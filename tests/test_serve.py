@@ -50,6 +50,29 @@ def test_chat_completion_is_traced_before_the_response(server, client):
     assert server["store"].count("traces") == before + 1
 
 
+def test_n_samples_a_group_with_logprobs_plain_and_streamed(server, client):
+    """n > 1 (an RL driver's group): n choices, each with its log-probs, usage counting every
+    choice, one trace holding them all; streamed, every chunk names its choice."""
+    msgs = [{"role": "user", "content": "3+4="}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, n=8,
+                                       logprobs=True, top_logprobs=2, seed=5)
+    assert [c.index for c in r.choices] == list(range(8))
+    assert all(c.logprobs.content and all(len(t.top_logprobs) == 2 for t in c.logprobs.content) for c in r.choices)
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    assert len({c.message.content for c in r.choices}) > 1            # samples of a group, not one repeated
+    trace = server["store"].traces.get(r.id)
+    assert [c["message"]["content"] for c in trace["response"]["choices"]] == [c.message.content for c in r.choices]
+    assert trace["completion_tokens"] == r.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, n=3,
+                                                  stream=True))
+    texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(3)}
+    finished = {c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason}
+    assert finished == {0, 1, 2}
+    stored = server["store"].traces.get(chunks[0].id)["response"]["choices"]
+    assert [c["message"]["content"] for c in stored] == [texts[i] for i in range(3)]
+
+
 def test_streamed_completion_matches_plain(server, client):
     msgs = [{"role": "user", "content": "7+8="}]
     plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)

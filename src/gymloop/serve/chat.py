@@ -9,6 +9,7 @@ the answering model version is in the response.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -30,6 +31,7 @@ from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
 
 JSONInt = json_int()
+MAX_N = 64             # choices per request (a GRPO group; OpenAI's own limit is 128)
 
 
 class ChatMessage(BaseModel):
@@ -72,7 +74,8 @@ class ChatRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = None
     stream: bool = False
-    n: json_int(1, 1) = 1
+    n: json_int(1, MAX_N) = Field(1, description="Choices to sample for the prompt (one group in the engine's "
+                                  "batch, one trace with all of them).")
     seed: JSONInt | None = None
     tools: list[ChatTool] | None = None
     logprobs: bool = Field(False, description="Return the log-prob of each generated token (under the sampling "
@@ -162,19 +165,26 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     return Prepared(req, who, batcher, tok, name, prompt, params, stop)
 
 
-async def answer(svc: Services, p: Prepared, gen, version: int) -> tuple[dict, str]:
-    """The chat.completion body of a finished generation, and its trace id once the trace is
-    committed (before the response leaves: a 200 always has its trace)."""
+def choice(p: Prepared, gen, index: int) -> dict:
+    """One choice of the answer: its text cut at a stop string (OpenAI semantics: the stop string
+    itself is not part of the answer), why it ended, its log-probs when asked."""
     text = p.tok.decode(gen.token_ids)
-    for s in p.stop:  # the stop string itself is not part of the answer (OpenAI semantics)
+    for s in p.stop:
         if s and s in text:
             text = text[: text.index(s)]
-    n_prompt, n_gen = len(p.prompt), len(gen.token_ids)
+    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
+            "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+            "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}
+
+
+async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[dict, str]:
+    """The chat.completion body of the finished generations (one per choice; usage counts every
+    choice's tokens, the prompt once), and its trace id once the trace (all choices in one) is
+    committed: before the response leaves, a 200 always has its trace."""
+    n_prompt, n_gen = len(p.prompt), sum(len(g.token_ids) for g in gens)
     body = {"id": p.cid, "object": "chat.completion", "created": p.created, "model": p.name,
             "system_fingerprint": f"gymloop-v{version}", "model_version": version,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
-                         "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}],
+            "choices": [choice(p, g, i) for i, g in enumerate(gens)],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}
     latency = time.perf_counter() - p.t0
     trace_id = await asyncio.wrap_future(svc.store.traces.add_committed(
@@ -184,42 +194,54 @@ async def answer(svc: Services, p: Prepared, gen, version: int) -> tuple[dict, s
     return body, trace_id
 
 
+def submit_group(p: Prepared, on_token=None) -> list:
+    """The request's n samples, submitted at once with the same sampling parameters, so the
+    batcher runs them as one group of one engine batch (with a seed: one generator, n draws).
+    `on_token(index, token)` streams each choice's tokens."""
+    return [p.batcher.submit(p.prompt, p.params,
+                             on_token=None if on_token is None else functools.partial(on_token, i))
+            for i in range(p.req.n)]
+
+
 async def stream(svc: Services, p: Prepared) -> AsyncIterator[str]:
-    """The answer as server-sent chunks while it is generated; text that may turn into a stop
-    string is held back; the last chunks follow the committed trace."""
+    """The answer as server-sent chunks while it is generated, each naming its choice's index;
+    text that may turn into a stop string is held back; the last chunks follow the committed trace."""
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue = asyncio.Queue()
-    r = p.batcher.submit(p.prompt, p.params, on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
-    done = asyncio.wrap_future(r.future)
+    rs = submit_group(p, lambda i, t: loop.call_soon_threadsafe(tokens.put_nowait, (i, t)))
+    done = [asyncio.wrap_future(r.future) for r in rs]
 
-    def chunk(delta: dict, finish_reason=None) -> str:
+    def chunk(index: int, delta: dict, finish_reason=None) -> str:
+        version = rs[0].version if rs[0].version >= 0 else p.batcher.version
         return "data: " + json.dumps({
             "id": p.cid, "object": "chat.completion.chunk", "created": p.created, "model": p.name,
-            "system_fingerprint": f"gymloop-v{r.version if r.version >= 0 else p.batcher.version}",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
+            "system_fingerprint": f"gymloop-v{version}",
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    sent: list[int] = []
-    shown = ""
-    while not (done.done() and tokens.empty()):
+    for i in range(len(rs)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    sent: list[list[int]] = [[] for _ in rs]
+    shown = ["" for _ in rs]
+    while not (all(d.done() for d in done) and tokens.empty()):
         try:
-            t = await asyncio.wait_for(tokens.get(), timeout=0.05)
+            i, t = await asyncio.wait_for(tokens.get(), timeout=0.05)
         except asyncio.TimeoutError:
             continue
         if t in p.tok.eos_token_ids:
             continue
-        sent.append(t)
-        text = p.tok.decode(sent)
+        sent[i].append(t)
+        text = p.tok.decode(sent[i])
         if p.stop and any(s in text for s in p.stop):
             continue       # held back; the final text is cut at the stop string
-        if len(text) > len(shown):
-            yield chunk({"content": text[len(shown):]})
-            shown = text
-    body, _ = await answer(svc, p, done.result(), r.version)
-    final = body["choices"][0]["message"]["content"]
-    if len(final) > len(shown) and final.startswith(shown):
-        yield chunk({"content": final[len(shown):]})
-    yield chunk({}, body["choices"][0]["finish_reason"])
+        if len(text) > len(shown[i]):
+            yield chunk(i, {"content": text[len(shown[i]):]})
+            shown[i] = text
+    body, _ = await answer(svc, p, [d.result() for d in done], rs[0].version)
+    for c in body["choices"]:
+        final, i = c["message"]["content"], c["index"]
+        if len(final) > len(shown[i]) and final.startswith(shown[i]):
+            yield chunk(i, {"content": final[len(shown[i]):]})
+        yield chunk(i, {}, c["finish_reason"])
     yield "data: [DONE]\n\n"
 
 
@@ -247,13 +269,14 @@ def chat_router(cfg: ServeConfig) -> APIRouter:
         if p.req.stream:
             return StreamingResponse(stream(svc, p), media_type="text/event-stream",
                                      headers={"x-gymloop-trace-id": p.cid})
-        r = p.batcher.submit(p.prompt, p.params)
+        rs = submit_group(p)
         try:
-            gen = await asyncio.wrap_future(r.future)
+            gens = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in rs))
         except BatcherStopped as exc:
             raise APIError(503, str(exc), "server_error") from None
-        body, trace_id = await answer(svc, p, gen, r.version)
-        return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id, "x-gymloop-model-version": str(r.version)})
+        body, trace_id = await answer(svc, p, list(gens), rs[0].version)
+        return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id,
+                                           "x-gymloop-model-version": str(rs[0].version)})
 
     @router.post("/v1/feedback", openapi_extra=json_body(FeedbackRequest), responses=error_responses(400, 401, 404, 413))
     async def feedback(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
