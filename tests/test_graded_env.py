@@ -63,3 +63,20 @@ def test_other_graders_and_bad_files(tmp_path):
                    '"content": "x"}]}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: the last message"):
         make_env("graded", path=str(bad), grader={"type": "python", "source": SOURCE})
+
+
+def test_the_cli_says_why_a_graded_environment_cannot_be_validated_and_never_shows_pydantic_links(tmp_path, capsys):
+    from gymloop.cli import main
+
+    rows = tmp_path / "g.jsonl"
+    rows.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1="}], "answer": "2"}) + "\n")
+    grader = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}",
+              "operation": "eq"}
+    assert main(["envs", "validate", "graded", "--n", "1", "--options",
+                 json.dumps({"path": str(rows), "grader": grader})]) == 2
+    err = capsys.readouterr().err
+    assert "has no gold replies" in err and "Traceback" not in err
+    assert main(["envs", "validate", "arith", "--options", '{"digits": "x"}']) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "gymloop envs: error: digits: Input should be a valid integer, unable to parse string " \
+                          "as an integer (got 'x')"

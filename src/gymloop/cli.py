@@ -570,8 +570,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError, ValueError, ValidationError, SandboxUnavailable, StoreError) as exc:
-        print(f"gymloop {args.command}: error: {exc}", file=sys.stderr)
+        print(f"gymloop {args.command}: error: {error_text(exc)}", file=sys.stderr)
         return 2
+
+
+def error_text(exc: Exception) -> str:
+    """What a CLI user reads: a validation error as `field: what is wrong (got value)` per field,
+    without pydantic's documentation links; other errors as they say themselves."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or e.get('type')}: {e['msg']}"
+                         + (f" (got {e['input']!r})" if not isinstance(e.get("input"), dict) and "input" in e else "")
+                         for e in exc.errors())
+    return "\n".join(line for line in str(exc).splitlines() if "errors.pydantic.dev" not in line)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ class Validation:
                 and self.wrong_rejected == self.wrong_checked)
 
 
+class CannotValidate(ValueError):
+    """The environment offers nothing to validate by (no gold replies); the message says why."""
+
+
 def validate(env: Environment, n: int = 20, seed: int = 0) -> Validation:
     """`n` tasks (n <= 0: every task of an environment that holds a finite set), each played with
     its gold turns and its known-wrong turns; all episodes scored in one verify_batch (environments
@@ -30,7 +34,14 @@ def validate(env: Environment, n: int = 20, seed: int = 0) -> Validation:
     if tasks is None:
         tasks = env.sample_tasks(n if n > 0 else 20, split, seed)
     v = Validation(env=env.name, tasks=len(tasks))
-    gold = [(t, play_turns(env, t, env.gold_turns(t))) for t in tasks]
+    try:
+        gold = [(t, play_turns(env, t, env.gold_turns(t))) for t in tasks]
+    except NotImplementedError:
+        raise CannotValidate(
+            f"environment {env.name!r} has no gold replies (gold_reply / gold_turns), so gold episodes cannot "
+            "check its verifier; its tasks loaded. A graded environment's grader is checked when it is built "
+            "(and by POST /v1/fine_tuning/alpha/graders/validate); another environment validates once it "
+            "implements gold_reply (docs/environments.md)") from None
     wrong = [(t, play_turns(env, t, turns)) for t in tasks if (turns := env.wrong_turns(t)) is not None]
     scores = env.verify_batch(gold + wrong)
     for (t, _), s in zip(gold, scores[:len(gold)]):
