@@ -69,6 +69,8 @@ def test_chat_completions_conform(api):
         for c in chunks:
             assert problems("/chat/completions", "post", c, media="text/event-stream") == []
     _ok(api.get("/models"), "/models", "get")
+    _ok(api.post("/completions", json={"model": "tiny", "prompt": "1+1=", "max_tokens": 4, "n": 2, "logprobs": 2}),
+        "/completions", "post")
 
 
 def test_files_and_fine_tuning_conform(api):

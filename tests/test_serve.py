@@ -73,6 +73,22 @@ def test_n_samples_a_group_with_logprobs_plain_and_streamed(server, client):
     assert [c["message"]["content"] for c in stored] == [texts[i] for i in range(3)]
 
 
+def test_completions_raw_text_with_logprobs(server, client):
+    """/v1/completions: the prompt is raw text (no chat template), n samples with their tokens'
+    log-probs and the top-k per position, one trace."""
+    r = client.completions.create(model="tiny", prompt="12+30=", max_tokens=5, temperature=1.0, n=3, logprobs=2,
+                                  seed=1)
+    assert [c.index for c in r.choices] == [0, 1, 2] and r.object == "text_completion"
+    for c in r.choices:
+        lp = c.logprobs
+        assert "".join(lp.tokens).startswith(c.text) and len(lp.token_logprobs) == len(lp.tokens)
+        assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
+    assert r.usage.prompt_tokens == len(server["store"].traces.get(r.id)["request"]["prompt"])   # 1 token a char
+    with pytest.raises(Exception, match="stream"):
+        client.completions.create(model="tiny", prompt="x", stream=True)
+
+
 def test_streamed_completion_matches_plain(server, client):
     msgs = [{"role": "user", "content": "7+8="}]
     plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)

@@ -3,6 +3,7 @@ in OpenAI's shapes, errors in OpenAI's error shape.
 
     admin.py        /, /v1/dashboard, /healthz, /metrics
     chat.py         /v1/models, /v1/chat/completions, /v1/feedback
+    completions.py  /v1/completions (raw text in, text and token log-probs out)
     fine_tuning.py  /v1/files, /v1/fine_tuning/jobs, /v1/fine_tuning/alpha/graders
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..store import Store
 from . import admin, fine_tuning
 from .batcher import Batcher
 from .chat import chat_router
+from .completions import completions_router
 from .config import ServeConfig
 from .http import APIError, error_response
 from .services import Services
@@ -43,6 +45,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
 
     app.include_router(admin.router)
     app.include_router(chat_router(cfg))
+    app.include_router(completions_router(cfg))
     if cfg.fine_tuning:
         for router in (fine_tuning.files, fine_tuning.graders, fine_tuning.jobs):
             app.include_router(router)

@@ -137,24 +137,33 @@ class Prepared:
     t0: float = field(default_factory=time.perf_counter)
 
 
+def check_token_limits(cfg: ServeConfig, req: BaseModel, fields: tuple[str, ...]) -> None:
+    """400 for a token count over the server's limit (each field, even the one not used)."""
+    for f in fields:
+        value = getattr(req, f)
+        if value is not None and value > cfg.max_tokens_limit:
+            raise APIError(400, f"{f} {value} exceeds the limit of {cfg.max_tokens_limit}", param=f)
+
+
+def check_prompt(cfg: ServeConfig, prompt: list[int], param: str) -> None:
+    if len(prompt) > cfg.max_prompt_tokens:
+        raise APIError(400, f"prompt of {len(prompt)} tokens exceeds the limit of {cfg.max_prompt_tokens}",
+                       param=param)
+
+
 async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     """The model the request names (a fine-tuned one may be loaded first, off the event loop),
     its prompt rendered by the chat template, the sampling; a 400 for what exceeds a limit."""
     cfg = svc.cfg
     batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
                           else await run_in_threadpool(svc.served, req.model, who.tenant))
-    for f in ("max_tokens", "max_completion_tokens"):     # each, even the one not used
-        value = getattr(req, f)
-        if value is not None and value > cfg.max_tokens_limit:
-            raise APIError(400, f"{f} {value} exceeds the limit of {cfg.max_tokens_limit}", param=f)
+    check_token_limits(cfg, req, ("max_tokens", "max_completion_tokens"))
     messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
     try:
         prompt = tok.prompt_ids(messages, tools=[t.model_dump() for t in req.tools] if req.tools else None)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
         raise APIError(400, f"messages could not be rendered by the chat template: {exc}") from None
-    if len(prompt) > cfg.max_prompt_tokens:
-        raise APIError(400, f"prompt of {len(prompt)} tokens exceeds the limit of {cfg.max_prompt_tokens}",
-                       param="messages")
+    check_prompt(cfg, prompt, "messages")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -186,12 +195,18 @@ async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[
             "system_fingerprint": f"gymloop-v{version}", "model_version": version,
             "choices": [choice(p, g, i) for i, g in enumerate(gens)],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}
+    return body, await commit_trace(svc, p, body, version, n_gen)
+
+
+async def commit_trace(svc: Services, p: Prepared, body: dict, version: int, n_gen: int) -> str:
+    """The answer's trace, committed (group commit) before the response leaves; its id."""
     latency = time.perf_counter() - p.t0
     trace_id = await asyncio.wrap_future(svc.store.traces.add_committed(
         model=p.name, model_version=version, request=p.req.model_dump(exclude_none=True), response=body,
-        prompt_tokens=n_prompt, completion_tokens=n_gen, latency_s=latency, key_id=p.caller.key_id, trace_id=p.cid))
+        prompt_tokens=len(p.prompt), completion_tokens=n_gen, latency_s=latency, key_id=p.caller.key_id,
+        trace_id=p.cid))
     svc.metrics.answered(n_gen, latency)
-    return body, trace_id
+    return trace_id
 
 
 def submit_group(p: Prepared, on_token=None) -> list:

@@ -1,0 +1,105 @@
+"""POST /v1/completions: a raw text prompt in (no chat template), text and token log-probs out,
+for RL drivers that work on raw text; `n` samples as one group, each answer a trace like a chat
+completion's. Streaming is not offered here (a 400 says so)."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ..engine import SamplingParams
+from .batcher import BatcherStopped
+from .chat import MAX_N, Prepared, check_prompt, check_token_limits, commit_trace, submit_group
+from .config import ServeConfig
+from .http import APIError
+from .openapi import error_responses, json_body, json_int
+from .services import Caller, Services, caller, services
+
+
+class CompletionRequest(BaseModel):
+    """The subset of OpenAI's completion request gymloop acts on; other fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str
+    prompt: str | list[str] = Field(description="The text to continue (a list: one string).")
+    max_tokens: json_int(1) | None = 16
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: json_int(1, MAX_N) = 1
+    stop: str | list[str] | None = None
+    seed: json_int() | None = None
+    logprobs: json_int(0, 5) | None = Field(None, description="Log-probs of each generated token, and of the "
+                                              "k most likely tokens at each position.")
+    stream: bool = False
+
+
+def _logprobs(tok, gen, k: int) -> dict:
+    """OpenAI's legacy completion log-probs: tokens, their log-probs, the top k per position, offsets."""
+    tokens = [tok.decode([t]) for t in gen.token_ids]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    top = [{tok.decode([a]): b for a, b in gen.top_logprobs[i]} if gen.top_logprobs else {}
+           for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": list(gen.logprobs), "top_logprobs": top if k else None,
+            "text_offset": offsets}
+
+
+async def _prepare(svc: Services, req: CompletionRequest, who: Caller) -> Prepared:
+    if req.stream:
+        raise APIError(400, "stream is not offered on /v1/completions (use /v1/chat/completions)", param="stream")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if len(prompts) != 1:
+        raise APIError(400, "prompt: one string per request (a list holds exactly one)", param="prompt")
+    batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
+                          else await run_in_threadpool(svc.served, req.model, who.tenant))
+    check_token_limits(svc.cfg, req, ("max_tokens",))
+    prompt = tok.encode(prompts[0])
+    check_prompt(svc.cfg, prompt, "prompt")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    params = SamplingParams(max_new_tokens=req.max_tokens or svc.cfg.default_max_tokens,
+                            temperature=req.temperature if req.temperature >= 1e-4 else 0.0, top_p=req.top_p,
+                            stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed,
+                            top_logprobs=req.logprobs or 0)
+    p = Prepared(req, who, batcher, tok, name, prompt, params, stop)
+    p.cid = "cmpl-" + p.cid.split("-", 1)[1]
+    return p
+
+
+def _choice(p: Prepared, gen, index: int) -> dict:
+    text = p.tok.decode(gen.token_ids)
+    for s in p.stop:
+        if s and s in text:
+            text = text[: text.index(s)]
+    return {"index": index, "text": text, "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+            "logprobs": None if p.req.logprobs is None else _logprobs(p.tok, gen, p.req.logprobs)}
+
+
+def completions_router(cfg: ServeConfig) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest, {
+        "model": {"enum": [cfg.served_name()]}, "max_tokens": {"maximum": cfg.max_tokens_limit}}),
+        responses=error_responses(400, 401, 404, 413))
+    async def completions(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+        p = await _prepare(svc, await svc.body(request, CompletionRequest), who)
+        rs = submit_group(p)
+        try:
+            gens = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in rs))
+        except BatcherStopped as exc:
+            raise APIError(503, str(exc), "server_error") from None
+        version = rs[0].version
+        n_gen = sum(len(g.token_ids) for g in gens)
+        body = {"id": p.cid, "object": "text_completion", "created": p.created, "model": p.name,
+                "system_fingerprint": f"gymloop-v{version}", "model_version": version,
+                "choices": [_choice(p, g, i) for i, g in enumerate(gens)],
+                "usage": {"prompt_tokens": len(p.prompt), "completion_tokens": n_gen,
+                          "total_tokens": len(p.prompt) + n_gen}}
+        trace_id = await commit_trace(svc, p, body, version, n_gen)
+        return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id, "x-gymloop-model-version": str(version)})
+
+    return router
