@@ -69,6 +69,10 @@ def test_chat_completions_conform(api):
         for c in chunks:
             assert problems("/chat/completions", "post", c, media="text/event-stream") == []
     _ok(api.get("/models"), "/models", "get")
+    resp = _ok(api.post("/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 4}), "/responses", "post")
+    _ok(api.post("/responses", json={"model": "tiny", "previous_response_id": resp["id"], "max_output_tokens": 4,
+                                     "input": [{"role": "user", "content": "more"}]}), "/responses", "post")
+    _ok(api.get(f"/responses/{resp['id']}"), "/responses/{response_id}", "get")
     _ok(api.post("/completions", json={"model": "tiny", "prompt": "1+1=", "max_tokens": 4, "n": 2, "logprobs": 2}),
         "/completions", "post")
 

@@ -89,6 +89,34 @@ def test_completions_raw_text_with_logprobs(server, client):
         client.completions.create(model="tiny", prompt="x", stream=True)
 
 
+def test_responses_api_with_the_openai_client(server, client):
+    """The Responses API through the official client: a response is a trace, the next one continues
+    it with previous_response_id (its conversation carried over, instructions not), GET returns it,
+    another key cannot see it."""
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object",
+                                                                        "properties": {"city": {"type": "string"}}}}]
+    first = client.responses.create(model="tiny", input="12+30=", instructions="Answer briefly.", tools=tools,
+                                    max_output_tokens=6, temperature=0)
+    assert first.object == "response" and first.output[0].type == "message"
+    assert first.output_text == first.output[0].content[0].text and first.usage.output_tokens >= 1
+    trace = server["store"].traces.get(first.id)
+    assert trace["response"]["output"][0]["content"][0]["text"] == first.output_text
+    assert trace["request"]["gymloop_messages"][0] == {"role": "system", "content": "Answer briefly."}
+    second = client.responses.create(model="tiny", previous_response_id=first.id, max_output_tokens=4,
+                                      input=[{"role": "user", "content": [{"type": "input_text", "text": "again"}]}])
+    carried = server["store"].traces.get(second.id)["request"]["gymloop_messages"]
+    assert carried == [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": first.output_text},
+                       {"role": "user", "content": "again"}]
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    from openai import NotFoundError, OpenAI
+
+    with pytest.raises(NotFoundError):
+        client.responses.retrieve("resp_nope")
+    assert server["store"].traces.get(first.id)["key_id"] is not None
+    with pytest.raises(Exception, match="stream"):
+        client.responses.create(model="tiny", input="x", stream=True)
+
+
 def test_streamed_completion_matches_plain(server, client):
     msgs = [{"role": "user", "content": "7+8="}]
     plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)

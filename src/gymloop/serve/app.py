@@ -4,6 +4,7 @@ in OpenAI's shapes, errors in OpenAI's error shape.
     admin.py        /, /v1/dashboard, /healthz, /metrics
     chat.py         /v1/models, /v1/chat/completions, /v1/feedback
     completions.py  /v1/completions (raw text in, text and token log-probs out)
+    responses.py    /v1/responses (the Responses API: input items, previous_response_id)
     fine_tuning.py  /v1/files, /v1/fine_tuning/jobs, /v1/fine_tuning/alpha/graders
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from . import admin, fine_tuning
 from .batcher import Batcher
 from .chat import chat_router
 from .completions import completions_router
+from .responses import responses_router
 from .config import ServeConfig
 from .http import APIError, error_response
 from .services import Services
@@ -46,6 +48,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
     app.include_router(admin.router)
     app.include_router(chat_router(cfg))
     app.include_router(completions_router(cfg))
+    app.include_router(responses_router(cfg))
     if cfg.fine_tuning:
         for router in (fine_tuning.files, fine_tuning.graders, fine_tuning.jobs):
             app.include_router(router)

@@ -174,14 +174,19 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     return Prepared(req, who, batcher, tok, name, prompt, params, stop)
 
 
-def choice(p: Prepared, gen, index: int) -> dict:
-    """One choice of the answer: its text cut at a stop string (OpenAI semantics: the stop string
-    itself is not part of the answer), why it ended, its log-probs when asked."""
+def reply_text(p: Prepared, gen) -> str:
+    """A generation's text cut at a stop string (OpenAI semantics: the stop string itself is not
+    part of the answer)."""
     text = p.tok.decode(gen.token_ids)
     for s in p.stop:
         if s and s in text:
             text = text[: text.index(s)]
-    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
+    return text
+
+
+def choice(p: Prepared, gen, index: int) -> dict:
+    """One choice of the answer: its text, why it ended, its log-probs when asked."""
+    return {"index": index, "message": {"role": "assistant", "content": reply_text(p, gen), "refusal": None},
             "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
             "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}
 
@@ -198,11 +203,14 @@ async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[
     return body, await commit_trace(svc, p, body, version, n_gen)
 
 
-async def commit_trace(svc: Services, p: Prepared, body: dict, version: int, n_gen: int) -> str:
-    """The answer's trace, committed (group commit) before the response leaves; its id."""
+async def commit_trace(svc: Services, p: Prepared, body: dict, version: int, n_gen: int,
+                       request: dict | None = None) -> str:
+    """The answer's trace, committed (group commit) before the response leaves; its id. `request`:
+    what the trace records of the request (default: the request as received)."""
     latency = time.perf_counter() - p.t0
     trace_id = await asyncio.wrap_future(svc.store.traces.add_committed(
-        model=p.name, model_version=version, request=p.req.model_dump(exclude_none=True), response=body,
+        model=p.name, model_version=version, response=body,
+        request=request if request is not None else p.req.model_dump(exclude_none=True),
         prompt_tokens=len(p.prompt), completion_tokens=n_gen, latency_s=latency, key_id=p.caller.key_id,
         trace_id=p.cid))
     svc.metrics.answered(n_gen, latency)

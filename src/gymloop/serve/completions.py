@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine import SamplingParams
 from .batcher import BatcherStopped
-from .chat import MAX_N, Prepared, check_prompt, check_token_limits, commit_trace, submit_group
+from .chat import MAX_N, Prepared, check_prompt, check_token_limits, commit_trace, reply_text, submit_group
 from .config import ServeConfig
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
@@ -71,11 +71,7 @@ async def _prepare(svc: Services, req: CompletionRequest, who: Caller) -> Prepar
 
 
 def _choice(p: Prepared, gen, index: int) -> dict:
-    text = p.tok.decode(gen.token_ids)
-    for s in p.stop:
-        if s and s in text:
-            text = text[: text.index(s)]
-    return {"index": index, "text": text, "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+    return {"index": index, "text": reply_text(p, gen), "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
             "logprobs": None if p.req.logprobs is None else _logprobs(p.tok, gen, p.req.logprobs)}
 
 
