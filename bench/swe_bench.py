@@ -27,7 +27,7 @@ import common
 import torch
 
 from gymloop.envs.base import play
-from gymloop.envs.toolcall import format_call
+from gymloop.models.toolcalls import format_call
 from gymloop.sandbox import Pool
 from gymloop.swe.env import SweConfig, SweEnv, default_cache
 from gymloop.swe.harness import Harness

@@ -21,13 +21,13 @@ torch.set_num_threads(1)
 
 
 def tiny_llama(vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4,
-               kv_heads: int | None = None, seed: int = 0, model_type: str = "llama"):
+               kv_heads: int | None = None, seed: int = 0, model_type: str = "llama", positions: int = 256):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads or heads, max_position_embeddings=256,
+                  num_key_value_heads=kv_heads or heads, max_position_embeddings=positions,
                   tie_word_embeddings=True)
     if model_type == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
@@ -51,6 +51,57 @@ def tiny_model_dir(tmp_path_factory, tok):
 
     path = tmp_path_factory.mktemp("models") / "tiny"
     save_model(tiny_llama(tok.vocab_size, seed=1), tok, path)
+    return path
+
+
+def overfit(tok: ChatTokenizer, rows: list[dict], *, steps: int = 150, seed: int = 0):
+    """A tiny model that has learnt `rows` (supervised rows: messages, tools) by heart, trained on
+    the tokens gymloop's fine-tuning renders them to: served greedily, it replies as they do."""
+    from gymloop.finetune.examples import sft_examples
+
+    batch = sft_examples(tok, rows).batch(list(range(len(rows))))
+    model = tiny_llama(tok.vocab_size, hidden=64, seed=seed, positions=512).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    target, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]
+    for _ in range(steps):
+        logits = model(batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        loss = (nll * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def agent_rows() -> list[dict]:
+    """The conversation examples/agents_sdk.py has with its agent, as the SDK sends it: its
+    instructions, its two tools' schemas, a question, the get_stock call, the tool's output, the answer."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import agents_sdk
+
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                               "parameters": t.params_json_schema}}
+             for t in (agents_sdk.get_stock, agents_sdk.add_stock)]
+    head = [{"role": "system", "content": agents_sdk.INSTRUCTIONS},
+            {"role": "user", "content": "How many apple are in stock?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_stock", "arguments": '{"item": "apple"}'}}]}]
+    return [{"messages": head, "tools": tools},
+            {"messages": head + [{"role": "tool", "tool_call_id": "call_1", "content": "7"},
+                                 {"role": "assistant", "content": "7"}], "tools": tools}]
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory, tok):
+    """A saved tiny model that calls get_stock for "How many apple are in stock?" and answers 7
+    after the tool's output (agent_rows), in gymloop's tool format."""
+    from gymloop.models.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("models") / "tool-caller"
+    save_model(overfit(tok, agent_rows()), tok, path)
     return path
 
 

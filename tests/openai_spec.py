@@ -59,3 +59,20 @@ def problems(path: str, method: str, body, status: str = "200", media: str = "ap
 
 
 ERROR = "#/components/schemas/ErrorResponse"
+
+
+@functools.lru_cache(maxsize=1)
+def _response_events() -> dict[str, str]:
+    """Streamed response event type -> the component that defines it (from ResponseStreamEvent)."""
+    schemas = spec()["components"]["schemas"]
+    out = {}
+    for ref in (r["$ref"] for r in schemas["ResponseStreamEvent"]["anyOf"]):
+        for kind in schemas[ref.rsplit("/", 1)[1]]["properties"]["type"].get("enum", []):
+            out[kind] = ref
+    return out
+
+
+def event_problems(event: dict) -> list[str]:
+    """Where a streamed response event breaks the component of its `type` (an unknown type is one)."""
+    ref = _response_events().get(event.get("type"))
+    return problems_with(ref, event) if ref else [f"type: {event.get('type')!r} is not a response event"]

@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
-from conftest import running_server
+from conftest import agent_rows, running_server
 from gymloop.serve import build, shutdown
 from gymloop.serve.config import ServeConfig
-from openai_spec import ERROR, problems, problems_with
+from openai_spec import ERROR, event_problems, problems, problems_with
 
 KEY = "sk-conformance"
 ROWS = [{"messages": [{"role": "user", "content": f"{i}+1="}, {"role": "assistant", "content": str(i + 1)}]}
@@ -51,6 +51,8 @@ def test_the_check_can_fail():
     assert any("bytes" in p for p in problems("/files/{file_id}", "get", bad))
     assert problems_with(ERROR, {"error": {"message": "m", "type": "t", "param": None, "code": None}}) == []
     assert problems_with(ERROR, {"error": {"message": 1}}) != []
+    assert event_problems({"type": "response.output_text.delta", "sequence_number": 0}) != []
+    assert event_problems({"type": "response.nope"}) != []
 
 
 def test_chat_completions_conform(api):
@@ -121,3 +123,49 @@ def test_errors_conform(api, tmp_path):
                       (api.post("/chat/completions", json={"model": "tiny", "messages": []}), 400)):
         assert r.status_code == status
         assert problems_with(ERROR, r.json()) == []
+
+
+@pytest.fixture(scope="module")
+def tool_api(tmp_path_factory, tool_model_dir):
+    root = tmp_path_factory.mktemp("conf-tools")
+    cfg = ServeConfig(model=str(tool_model_dir), model_name="clerk", db=str(root / "s.db"), api_keys=[KEY],
+                      fine_tuning=False)
+    app, _, _ = build(cfg)
+    with running_server(app) as base:
+        with httpx.Client(base_url=base + "/v1", headers={"authorization": f"Bearer {KEY}"}, timeout=120) as c:
+            yield c
+    shutdown(app)
+
+
+def _events(api: httpx.Client, path: str, body: dict) -> list[dict]:
+    with api.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_tool_calls_and_response_events_conform(tool_api):
+    """Answers that call tools (chat: tool_calls; responses: function_call items) and every event
+    of a streamed response, against the document (a model that calls tools: conftest.tool_model_dir)."""
+    row = agent_rows()[1]
+    system, question = row["messages"][:2]
+    chat = {"model": "clerk", "messages": [system, question], "tools": row["tools"], "temperature": 0, "max_tokens": 80}
+    body = _ok(tool_api.post("/chat/completions", json=chat), "/chat/completions", "post")
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    chunks = _events(tool_api, "/chat/completions", {**chat, "stream": True})
+    assert any(c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+    for c in chunks:
+        assert problems("/chat/completions", "post", c, media="text/event-stream") == []
+    ask = {"model": "clerk", "instructions": system["content"], "input": question["content"], "temperature": 0,
+           "max_output_tokens": 80, "tools": [{"type": "function", **t["function"]} for t in row["tools"]]}
+    call = _ok(tool_api.post("/responses", json=ask), "/responses", "post")["output"][0]
+    assert call["type"] == "function_call"
+    answer = {**ask, "input": [{"type": "message", "role": "user", "content": question["content"]},
+                               {k: call[k] for k in ("type", "call_id", "name", "arguments")},
+                               {"type": "function_call_output", "call_id": call["call_id"], "output": "7"}]}
+    for streamed in (ask, answer):                       # a call only; a text message
+        events = _events(tool_api, "/responses", {**streamed, "stream": True})
+        assert events[-1]["type"] == "response.completed"
+        for e in events:
+            assert event_problems(e) == [], e["type"]
+            assert problems("/responses", "post", e, media="text/event-stream") == [], e["type"]
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "7"

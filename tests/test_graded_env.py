@@ -80,3 +80,24 @@ def test_the_cli_says_why_a_graded_environment_cannot_be_validated_and_never_sho
     err = capsys.readouterr().err
     assert err.strip() == "gymloop envs: error: digits: Input should be a valid integer, unable to parse string " \
                           "as an integer (got 'x')"
+
+
+@pytest.mark.parametrize("bounds, reply, reward", [([0, 10], "7", 0.7), ([10, 0], "7", 0.3), (None, "0.25", 0.25)])
+def test_score_model_range_maps_its_first_bound_to_0_and_its_second_to_1(bounds, reply, reward):
+    from gymloop.envs.graders import Runtime, grade, parse
+
+    g = parse({"type": "score_model", "name": "judge", "model": "m", "input": [{"role": "user", "content": "rate"}],
+               **({"range": bounds} if bounds else {})})
+    assert grade(g, {}, {}, Runtime(chat=lambda model, msgs, params: reply)).reward == pytest.approx(reward)
+
+
+def test_a_score_model_range_of_equal_bounds_is_refused_by_its_schema():
+    from jsonschema import Draft202012Validator
+
+    from gymloop.envs.grader_types import ScoreModelGrader
+    from gymloop.envs.graders import GraderError, parse
+
+    body = {"type": "score_model", "name": "s", "model": "m", "input": [{"role": "user", "content": "x"}], "range": [0, 0]}
+    assert list(Draft202012Validator(ScoreModelGrader.model_json_schema()).iter_errors(body))   # documented
+    with pytest.raises((GraderError, ValueError), match="two different"):
+        parse(body)

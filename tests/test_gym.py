@@ -10,7 +10,7 @@ from gymloop.engine import Generation, GenerationBatch
 from gymloop.envs import REGISTRY, make_env, play
 from gymloop.envs.jsonl import load_tasks
 from gymloop.envs.registry import NEEDS_FILE
-from gymloop.envs.toolcall import format_call, parse_tool_calls
+from gymloop.models.toolcalls import format_call, parse_tool_calls
 from gymloop.envs.validate import validate
 from gymloop.rollout.evaluate import evaluate
 from gymloop.rollout.episodes import collect
@@ -47,7 +47,7 @@ def test_bad_model_output_gets_an_error_observation_not_a_crash(reply):
     msgs = env.reset(task) + [{"role": "assistant", "content": reply}]
     step = env.step(task, msgs, reply)
     if not step.done:
-        payload = json.loads(re.search(r"<tool_response>(.*)</tool_response>", step.observation[0]["content"]).group(1))
+        payload = json.loads(step.observation[0]["content"])      # the template wraps it in <tool_response>
         assert "error" in payload
     score = env.verify(task, msgs)
     assert score.reward == 0.0 and score.error is None
@@ -232,7 +232,7 @@ def test_the_v3_drift_breaks_old_tool_calls_by_construction(tok):
         assert tok.prompt_ids(v1.reset(t1), tools=v1.tools(t1)) == tok.prompt_ids(v3.reset(t3), tools=v3.tools(t3))
         old = v1.gold_turns(t1)                       # the v1 habit, replayed against v3
         msgs, score = play(v3, t3, old)
-        payload = json.loads(re.search(r"<tool_response>(.*)</tool_response>", msgs[3]["content"]).group(1))
+        payload = json.loads(msgs[3]["content"])
         assert "unknown tool" in payload["error"] and "lookup_item" in payload["error"]
         assert score.reward == 0.0 and score.error is None and score.components["tool_calls_valid"] == 0.0
         assert play(v3, t3, v3.gold_turns(t3))[1].reward == 1.0     # the new API works

@@ -113,8 +113,11 @@ def test_responses_api_with_the_openai_client(server, client):
     with pytest.raises(NotFoundError):
         client.responses.retrieve("resp_nope")
     assert server["store"].traces.get(first.id)["key_id"] is not None
-    with pytest.raises(Exception, match="stream"):
-        client.responses.create(model="tiny", input="x", stream=True)
+    events = list(client.responses.create(model="tiny", input="12+30=", max_output_tokens=6, temperature=0,
+                                          stream=True))
+    done = events[-1].response
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == done.output_text
+    assert done.output_text == first.output_text and server["store"].traces.get(done.id) is not None
 
 
 def test_streamed_completion_matches_plain(server, client):

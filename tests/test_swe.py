@@ -20,7 +20,7 @@ from gymloop.swe.harness import Harness
 from gymloop.swe.instance import Instance, dump_instances, load_instances
 from gymloop.swe.mutate import OPERATORS, mutations
 from gymloop.swe.repos import apply_patch, patch_paths, read_tree, unified_diff
-from gymloop.envs.toolcall import format_call
+from gymloop.models.toolcalls import format_call
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed")
 
@@ -262,7 +262,7 @@ def test_an_agent_episode_through_the_tools(built):
             format_call("submit", {}),
         ]
         msgs, score = play(env, task, turns)
-        obs = [json.loads(m["content"].removeprefix("<tool_response>").removesuffix("</tool_response>"))
+        obs = [json.loads(m["content"])
                for m in msgs if m["role"] == "tool"]
         assert "isodates.py" in obs[0]["entries"] and "    1  " in obs[1]["text"]
         assert obs[2]["matches"] and all(m.startswith("src/") for m in obs[2]["matches"])

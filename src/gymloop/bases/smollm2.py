@@ -31,6 +31,21 @@ def available() -> str | None:
     return None
 
 
+def tokenizer():
+    """SmolLM2's tokenizer and chat template as a ChatTokenizer, read from the GGUF file (seconds;
+    no weights are loaded)."""
+    from transformers import AutoTokenizer
+
+    from ..models.chat import ChatTokenizer
+    from ..models.checkpoint import quiet_transformers
+
+    if available():
+        raise RuntimeError(INSTALL)
+    gguf = gguf_path()
+    with quiet_transformers():
+        return ChatTokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
 def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -5,8 +5,9 @@ reply scored by a grader (envs/graders.py). It is what a fine-tuning API job of 
     env: {name: graded, options: {path: train.jsonl, heldout_path: valid.jsonl,
                                   grader: {type: python, source: "def grade(sample, item): ..."}}}
 
-A line is {"messages": [... ending with a user or developer turn], <any fields>}; the grader's
-`item` is the whole line, `sample.output_text` the reply. A grader that fails (a python grader
+A line is {"messages": [... ending with a user or developer turn], "tools"?: [...], <any fields>};
+the grader's `item` is the whole line, `sample.output_text` the reply (with `tools`, the line's
+schemas are in the prompt and `sample.output_tools` holds the reply's calls, OpenAI's tool calls). A grader that fails (a python grader
 that raises, a template naming a missing field) makes the episode an error, excluded from
 training, never a reward of 0. Without `heldout_path` the held-out split is the training
 prompts themselves (said by `heldout_is_train`).
@@ -95,6 +96,11 @@ def _reply(messages: list[Message]) -> str:
     return messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
 
 
+def _sample(task: Task, messages: list[Message]) -> dict:
+    """The grader's `sample` of an episode's reply (with `output_tools` when the row offered tools)."""
+    return sample_of(_reply(messages), tools=bool(task.info["item"].get("tools")))
+
+
 def _task(row: dict, n: int, split: Split, name: str) -> Task:
     return Task(id=f"{split}-{n}", env=name, prompt=tuple(dict(m) for m in row["messages"]), answer=None,
                 split=split, source="dataset", info={"item": row})
@@ -116,6 +122,10 @@ class GradedEnv(Environment):
         self._python = SandboxPython(config.sandbox_slots, config.timeout_s)
         self._runtime = Runtime(python=self._python, chat=chat)
 
+    def tools(self, task: Task) -> list[dict] | None:
+        """The row's `tools` (OpenAI function schemas), rendered into its prompt."""
+        return task.info["item"].get("tools") or None
+
     def tasks(self, split: Split) -> list[Task]:
         return list(self._tasks[split])
 
@@ -136,7 +146,7 @@ class GradedEnv(Environment):
 
     def verify(self, task: Task, messages: list[Message]) -> Score:
         try:
-            out = grade(self.config.grader, sample_of(_reply(messages)), task.info["item"], self._runtime)
+            out = grade(self.config.grader, _sample(task, messages), task.info["item"], self._runtime)
         except GraderError as exc:
             return Score(0.0, {}, "grader error", error=f"{exc.kind}: {exc}")
         return Score(out.reward, out.sub_rewards or {"reward": out.reward}, f"graded {out.reward:g}")
@@ -146,7 +156,7 @@ class GradedEnv(Environment):
         if isinstance(g, PythonGrader):
             # a batch of replies in one sandboxed process per slot (a process start per reply
             # would cost more than generating them)
-            values = self._python.many(g.source, [(sample_of(_reply(m)), t.info["item"]) for t, m in items])
+            values = self._python.many(g.source, [(_sample(t, m), t.info["item"]) for t, m in items])
             return [Score(v, {"reward": v}, f"graded {v:g}") if isinstance(v, float) else
                     Score(0.0, {}, "grader error", error=f"python_grader_runtime_error: {v}") for v in values]
         if not uses_python(g):

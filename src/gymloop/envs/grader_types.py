@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 
 class _Grader(BaseModel):
@@ -46,8 +46,17 @@ class ScoreModelGrader(_Grader):
     type: Literal["score_model"]
     model: str = Field(min_length=1, description="A model this server serves (the base or one of yours).")
     input: list[ModelMessage] = Field(min_length=1, description="Messages with templates; the reply is the score.")
-    range: Annotated[list[StrictFloat | StrictInt], Field(min_length=2, max_length=2)] | None = Field(
-        None, description="[low, high] of the score (default [0, 1]), mapped to [0, 1].")
+    range: Annotated[list[StrictFloat | StrictInt], Field(min_length=2, max_length=2, json_schema_extra={
+        "uniqueItems": True})] | None = Field(
+        None, description="[the score that maps to 0, the score that maps to 1] (default [0, 1]; two different "
+        "numbers: [10, 0] rewards low scores).")
+
+    @field_validator("range")
+    @classmethod
+    def _two_bounds(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and value[0] == value[1]:
+            raise ValueError("range needs two different numbers")
+        return value
     sampling_params: dict[str, Any] | None = Field(None, description="temperature, top_p, seed, "
                                                    "max_completions_tokens.")
 

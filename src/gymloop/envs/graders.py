@@ -28,6 +28,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..algorithms.table import Table
+from ..models.toolcalls import reply_message
 from .grader_types import (Grader, MultiGrader, PythonGrader, ScoreModelGrader, StringCheckGrader,
                            TextSimilarityGrader)
 
@@ -71,13 +72,19 @@ class Grade:
     sub_rewards: dict[str, float] = field(default_factory=dict)
 
 
-def sample_of(output_text: str) -> dict:
-    """The `sample` a template sees: the text, and its JSON when it parses."""
+def sample_of(output_text: str, tools: bool = False) -> dict:
+    """The `sample` a template sees: the text and its JSON when it parses; when the prompt offered
+    tools, also `output_tools`, the reply's calls as OpenAI tool calls (the text is then what is
+    around them), as OpenAI's reinforcement graders see a tool-calling reply."""
+    calls: list[dict] = []
+    if tools:
+        output_text, calls = reply_message(output_text)
+        output_text = output_text or ""
     try:
         output_json = json.loads(output_text)
     except (json.JSONDecodeError, TypeError):
         output_json = None
-    return {"output_text": output_text, "output_json": output_json}
+    return {"output_text": output_text, "output_json": output_json, **({"output_tools": calls} if tools else {})}
 
 
 def render(template: Any, sample: dict, item: dict) -> str:
@@ -294,12 +301,14 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 def score_model(g: ScoreModelGrader, sample: dict, item: dict, rt: Runtime) -> Grade:
     """The model `g.model` answers the rendered `input` messages with a score in `range`
-    (default [0, 1]): a JSON {"result": x} or the first number of its reply, mapped to [0, 1].
-    A reply without a number, or one outside the range, is an model_grader_parse_error."""
+    (default [0, 1]): a JSON {"result": x} or the first number of its reply, mapped linearly so
+    that range[0] is 0 and range[1] is 1 (a reversed range rewards low scores). A reply without a
+    number, or one outside the range, is a model_grader_parse_error."""
     model = g.model
-    lo, hi = g.range or (0.0, 1.0)
-    if not lo < hi:
-        raise GraderError(f"a score_model grader's range must be [low, high] with low < high (got {g.range!r})")
+    zero, one = g.range or (0.0, 1.0)
+    lo, hi = min(zero, one), max(zero, one)
+    if lo == hi:   # the schema forbids it too (uniqueItems); a grader built in code may not have gone through it
+        raise GraderError(f"a score_model grader's range needs two different bounds (got {g.range!r})")
     params = g.sampling_params or {}
     rendered = [{"role": m.role, "content": render(m.content, sample, item)} for m in g.input]
     if rt.chat is None:
@@ -326,7 +335,7 @@ def score_model(g: ScoreModelGrader, sample: dict, item: dict, rt: Runtime) -> G
     if value is None or not lo <= value <= hi:
         raise GraderError(f"the grader model's reply {text[:80]!r} is not a number in [{lo}, {hi}]",
                           "model_grader_parse_error")
-    return Grade((value - lo) / (hi - lo))
+    return Grade((value - zero) / (one - zero))
 
 
 GRADERS: Table[Callable[..., Grade]] = Table("grader type", {

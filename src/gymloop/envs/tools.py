@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .arith import parse_answer
 from .base import Environment, Message, Score, Split, StepResult, Task, sample_distinct, split_of
-from .toolcall import ToolCall, format_call, parse_tool_calls, tool_response
+from ..models.toolcalls import ToolCall, format_call, parse_tool_calls, tool_response
 
 ITEMS = ("apple", "pear", "plum", "fig", "kiwi", "lime", "nut", "yam", "bean", "corn")
 

@@ -35,12 +35,14 @@ def _zero_weighted(tok: ChatTokenizer, row: dict, ids: list[int], mask: list[int
 
 def completion_example(tok: ChatTokenizer, messages: list[dict], completion: list[dict],
                        tools: list | None) -> tuple[list[int], list[int]]:
-    """(ids, mask) of a prompt and a completion of it, 1 on the completion's tokens only."""
+    """(ids, mask) of a prompt and a completion of it, 1 on the completion's tokens only (a
+    one-message completion: up to its end-of-turn token, the last one it generates)."""
     prompt = tok.prompt_ids(messages, tools=tools)
     full = tok.encode(tok.render(list(messages) + list(completion), add_generation_prompt=False, tools=tools))
     if full[:len(prompt)] != prompt:
         raise ValueError("chat template does not render prefixes as prefixes")
-    return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
+    rest = full[len(prompt):]
+    return full, [0] * len(prompt) + (tok.turn_mask(rest) if len(completion) == 1 else [1] * len(rest))
 
 
 @dataclass

@@ -13,7 +13,9 @@ from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-Message = dict  # {"role": str, "content": str}
+from .toolcalls import TemplateSupport, for_template
+
+Message = dict  # OpenAI's: {"role", "content"} (+ "tool_calls" / "tool_call_id")
 
 # Characters of the nano vocabulary: enough for arithmetic, tool calls (JSON) and code.
 NANO_ALPHABET = (
@@ -108,8 +110,11 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> str:
+        """OpenAI messages (tool calls and results included) and tool schemas as the prompt text,
+        through `toolcalls.for_template`: the one tool format of serving, training and the gym."""
+        msgs, tools = for_template(messages, tools, TemplateSupport.of(self.hf.chat_template))
         return self.hf.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
+            msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
             **({"tools": tools} if tools else {}),
         )
 
@@ -127,7 +132,9 @@ class ChatTokenizer:
         """Ids of a whole conversation and a mask that is 1 on assistant-produced tokens.
 
         Rendered turn by turn, so the mask is exact for any template whose rendering of a
-        prefix is a prefix of the rendering of the whole (true of common chat templates).
+        prefix is a prefix of the rendering of the whole (true of common chat templates). A turn's
+        mask ends at its end-of-turn token: what a template writes after it (ChatML's newline) is
+        never generated, so it is not trained on.
         """
         ids: list[int] = []
         mask: list[int] = []
@@ -137,13 +144,19 @@ class ChatTokenizer:
                 full = self.encode(self.render(messages[: i + 1], add_generation_prompt=False, tools=tools))
                 if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
                     raise ValueError("chat template does not render prefixes as prefixes")
-                mask += [0] * (len(prefix) - len(ids)) + [1] * (len(full) - len(prefix))
+                mask += [0] * (len(prefix) - len(ids)) + self.turn_mask(full[len(prefix):])
                 ids = full
         rest = self.encode(self.render(messages, add_generation_prompt=False, tools=tools))
         if rest[: len(ids)] != ids:
             raise ValueError("chat template does not render prefixes as prefixes")
         mask += [0] * (len(rest) - len(ids))
         return rest, mask
+
+    def turn_mask(self, turn: Sequence[int]) -> list[int]:
+        """1 on an assistant turn's tokens up to and including its first end-of-turn token."""
+        ends = [i for i, t in enumerate(turn) if t in self.eos_token_ids]
+        n = ends[0] + 1 if ends else len(turn)
+        return [1] * n + [0] * (len(turn) - n)
 
     def continuation_ids(self, history: Sequence[Message], new: Sequence[Message],
                          tools: list[dict] | None = None) -> list[int]:

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine import SamplingParams
 from ..models.chat import ChatTokenizer
+from ..models.toolcalls import reply_message, visible_text
 from ..store import StoreError
 from .batcher import Batcher, BatcherStopped
 from .config import ServeConfig
@@ -34,11 +35,29 @@ JSONInt = json_int()
 MAX_N = 64             # choices per request (a GRPO group; OpenAI's own limit is 128)
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str
+    arguments: str = Field(description="The arguments as a JSON object, written as a string (OpenAI's form).")
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant message made (a conversation's earlier turn)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="Who wrote the message; any other role is a 400.")
     content: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="An assistant's calls (rendered in the "
+                                                     "model's tool format).")
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
 
 
 class ToolFunction(BaseModel):
@@ -77,7 +96,12 @@ class ChatRequest(BaseModel):
     n: json_int(1, MAX_N) = Field(1, description="Choices to sample for the prompt (one group in the engine's "
                                   "batch, one trace with all of them).")
     seed: JSONInt | None = None
-    tools: list[ChatTool] | None = None
+    tools: list[ChatTool] | None = Field(None, description="Functions the model may call: rendered into the prompt "
+                                         "(by the chat template, or in gymloop's tool format), and a reply "
+                                         "that calls them answered as `tool_calls`.")
+    tool_choice: Literal["none", "auto", "required"] | dict | None = Field(
+        None, description="\"none\": replies are text even when they hold a call; otherwise replies are "
+        "parsed for calls (the model is not forced to call one).")
     logprobs: bool = Field(False, description="Return the log-prob of each generated token (under the sampling "
                            "temperature's distribution, as the engine samples and a trainer recomputes).")
     top_logprobs: json_int(0, 20) | None = Field(None, description="With logprobs: also the k most likely tokens "
@@ -132,6 +156,7 @@ class Prepared:
     prompt: list[int]
     params: SamplingParams
     stop: tuple[str, ...]
+    calls: bool = False          # replies are read for tool calls (the request gave tools)
     cid: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     t0: float = field(default_factory=time.perf_counter)
@@ -158,7 +183,7 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
                           else await run_in_threadpool(svc.served, req.model, who.tenant))
     check_token_limits(cfg, req, ("max_tokens", "max_completion_tokens"))
-    messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
         prompt = tok.prompt_ids(messages, tools=[t.model_dump() for t in req.tools] if req.tools else None)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
@@ -171,7 +196,8 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
                             temperature=req.temperature if req.temperature >= 1e-4 else 0.0, top_p=req.top_p,
                             stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed,
                             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
-    return Prepared(req, who, batcher, tok, name, prompt, params, stop)
+    return Prepared(req, who, batcher, tok, name, prompt, params, stop,
+                    calls=bool(req.tools) and req.tool_choice != "none")
 
 
 def reply_text(p: Prepared, gen) -> str:
@@ -185,9 +211,12 @@ def reply_text(p: Prepared, gen) -> str:
 
 
 def choice(p: Prepared, gen, index: int) -> dict:
-    """One choice of the answer: its text, why it ended, its log-probs when asked."""
-    return {"index": index, "message": {"role": "assistant", "content": reply_text(p, gen), "refusal": None},
-            "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
+    """One choice of the answer: its text (or the tools it calls), why it ended, its log-probs
+    when asked."""
+    content, calls = reply_message(reply_text(p, gen)) if p.calls else (reply_text(p, gen), [])
+    message = {"role": "assistant", "content": content, "refusal": None, **({"tool_calls": calls} if calls else {})}
+    finish = "tool_calls" if calls else "stop" if gen.finish_reason == "stop" else "length"
+    return {"index": index, "message": message, "finish_reason": finish,
             "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}
 
 
@@ -218,52 +247,88 @@ async def commit_trace(svc: Services, p: Prepared, body: dict, version: int, n_g
 
 
 def submit_group(p: Prepared, on_token=None) -> list:
-    """The request's n samples, submitted at once with the same sampling parameters, so the
-    batcher runs them as one group of one engine batch (with a seed: one generator, n draws).
-    `on_token(index, token)` streams each choice's tokens."""
+    """The request's n samples (1 without `n`), submitted at once with the same sampling
+    parameters, so the batcher runs them as one group of one engine batch (with a seed: one
+    generator, n draws). `on_token(index, token)` streams each choice's tokens."""
     return [p.batcher.submit(p.prompt, p.params,
                              on_token=None if on_token is None else functools.partial(on_token, i))
-            for i in range(p.req.n)]
+            for i in range(getattr(p.req, "n", 1))]
+
+
+@dataclass
+class Streamed:
+    """A request's samples being generated, their tokens arriving on a queue, and the text each
+    choice has shown so far."""
+
+    rs: list
+    tokens: asyncio.Queue
+    shown: list[str]
+
+    @classmethod
+    def submit(cls, p: Prepared) -> "Streamed":
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+        rs = submit_group(p, lambda i, t: loop.call_soon_threadsafe(tokens.put_nowait, (i, t)))
+        return cls(rs, tokens, ["" for _ in rs])
+
+    @property
+    def version(self) -> int:
+        return self.rs[0].version if self.rs[0].version >= 0 else -1
+
+    async def deltas(self, p: Prepared) -> AsyncIterator[tuple[int, str]]:
+        """(choice, new text) as tokens arrive, until every sample is done; text that may turn
+        into a stop string or a tool call is held back (`rest` gives it once the answer is whole)."""
+        done = [asyncio.wrap_future(r.future) for r in self.rs]
+        sent: list[list[int]] = [[] for _ in self.rs]
+        while not (all(d.done() for d in done) and self.tokens.empty()):
+            try:
+                i, t = await asyncio.wait_for(self.tokens.get(), timeout=0.05)
+            except asyncio.TimeoutError:
+                continue
+            if t in p.tok.eos_token_ids:
+                continue
+            sent[i].append(t)
+            text = p.tok.decode(sent[i])
+            if p.stop and any(s in text for s in p.stop):
+                continue       # held back; the final text is cut at the stop string
+            text = visible_text(text) if p.calls else text
+            if len(text) > len(self.shown[i]):
+                delta, self.shown[i] = text[len(self.shown[i]):], text
+                yield i, delta
+
+    async def results(self) -> list:
+        return list(await asyncio.gather(*(asyncio.wrap_future(r.future) for r in self.rs)))
+
+    def rest(self, i: int, final: str | None) -> str:
+        """What choice `i`'s final text adds to what it has shown ("" when nothing, or when the
+        final text does not continue it)."""
+        final = final or ""
+        return final[len(self.shown[i]):] if final.startswith(self.shown[i]) else ""
 
 
 async def stream(svc: Services, p: Prepared) -> AsyncIterator[str]:
     """The answer as server-sent chunks while it is generated, each naming its choice's index;
-    text that may turn into a stop string is held back; the last chunks follow the committed trace."""
-    loop = asyncio.get_running_loop()
-    tokens: asyncio.Queue = asyncio.Queue()
-    rs = submit_group(p, lambda i, t: loop.call_soon_threadsafe(tokens.put_nowait, (i, t)))
-    done = [asyncio.wrap_future(r.future) for r in rs]
+    the last chunks (the rest of the text, the tool calls) follow the committed trace."""
+    s = Streamed.submit(p)
 
     def chunk(index: int, delta: dict, finish_reason=None) -> str:
-        version = rs[0].version if rs[0].version >= 0 else p.batcher.version
+        version = s.version if s.version >= 0 else p.batcher.version
         return "data: " + json.dumps({
             "id": p.cid, "object": "chat.completion.chunk", "created": p.created, "model": p.name,
             "system_fingerprint": f"gymloop-v{version}",
             "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
 
-    for i in range(len(rs)):
+    for i in range(len(s.rs)):
         yield chunk(i, {"role": "assistant", "content": ""})
-    sent: list[list[int]] = [[] for _ in rs]
-    shown = ["" for _ in rs]
-    while not (all(d.done() for d in done) and tokens.empty()):
-        try:
-            i, t = await asyncio.wait_for(tokens.get(), timeout=0.05)
-        except asyncio.TimeoutError:
-            continue
-        if t in p.tok.eos_token_ids:
-            continue
-        sent[i].append(t)
-        text = p.tok.decode(sent[i])
-        if p.stop and any(s in text for s in p.stop):
-            continue       # held back; the final text is cut at the stop string
-        if len(text) > len(shown[i]):
-            yield chunk(i, {"content": text[len(shown[i]):]})
-            shown[i] = text
-    body, _ = await answer(svc, p, [d.result() for d in done], rs[0].version)
+    async for i, delta in s.deltas(p):
+        yield chunk(i, {"content": delta})
+    body, _ = await answer(svc, p, await s.results(), s.rs[0].version)
     for c in body["choices"]:
-        final, i = c["message"]["content"], c["index"]
-        if len(final) > len(shown[i]) and final.startswith(shown[i]):
-            yield chunk(i, {"content": final[len(shown[i]):]})
+        i, msg = c["index"], c["message"]
+        if rest := s.rest(i, msg["content"]):
+            yield chunk(i, {"content": rest})
+        if msg.get("tool_calls"):
+            yield chunk(i, {"tool_calls": [{"index": k, **tc} for k, tc in enumerate(msg["tool_calls"])]})
         yield chunk(i, {}, c["finish_reason"])
     yield "data: [DONE]\n\n"
 

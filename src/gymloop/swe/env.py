@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.base import Environment, Message, Score, Split, StepResult, Task
-from ..envs.toolcall import format_call, parse_tool_calls, tool_response
+from ..models.toolcalls import format_call, parse_tool_calls, tool_response
 from ..sandbox import Limits, Pool
 from .harness import Harness, Verdict, base_tree
 from .instance import Instance, load_instances
