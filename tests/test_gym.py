@@ -240,3 +240,37 @@ def test_the_v3_drift_breaks_old_tool_calls_by_construction(tok):
     s1, s3 = make_env("tools@v1"), make_env("tools@v3")
     t = s1.sample_tasks(1, "train", 0)[0]
     assert s1.tools(t) != s3.tools(s3.task_from_id(t.id)) and v1.tools(t) == []
+
+
+# --- calls: function calling from schemas, held-out tools never trained on ----------------------
+def test_calls_holds_out_whole_tools_and_checks_name_and_arguments():
+    env = make_env("calls")
+    train, held = env.sample_tasks(60, "train", 0), env.sample_tasks(60, "heldout", 0)
+    offered = lambda tasks: {n for t in tasks for n in t.info["tools"]}      # noqa: E731
+    assert offered(train) and offered(held) and not offered(train) & offered(held)
+    for t in train[:10] + held[:10]:
+        assert env.task_from_id(t.id) == t
+        assert [s["function"]["name"] for s in env.tools(t)] == t.info["tools"] and t.answer["name"] in t.info["tools"]
+        gold = env.verify(t, list(t.prompt) + [{"role": "assistant", "content": env.gold_reply(t)}])
+        wrong = env.verify(t, list(t.prompt) + [{"role": "assistant", "content": env.wrong_turns(t)[0]}])
+        assert (gold.reward, gold.components["valid"]) == (1.0, 1.0)
+        assert (wrong.reward, wrong.components["valid"], wrong.reason) == (0.0, 1.0, "wrong arguments")
+    t = held[0]
+    upper = {k: v.upper() if isinstance(v, str) else v for k, v in t.answer["arguments"].items()}
+    assert env.verify(t, [{"role": "assistant", "content": format_call(t.answer["name"], upper)}]).reward == 1.0
+    two = format_call(t.answer["name"], t.answer["arguments"]) * 2
+    assert env.verify(t, [{"role": "assistant", "content": two}]).reason == "2 calls, expected 1"
+
+
+def test_graded_rows_with_tools_put_them_in_the_prompt_and_the_calls_in_the_sample():
+    from gymloop.envs.graders import sample_of
+
+    schema = make_env("calls").tools(make_env("calls").sample_tasks(1, "train", 0)[0])
+    env = make_env("graded", rows=[{"messages": [{"role": "user", "content": "go"}], "tools": schema}],
+                   grader={"type": "string_check", "name": "s", "input": "{{sample.output_text}}",
+                           "reference": "x", "operation": "eq"})
+    assert env.tools(env.tasks("train")[0]) == schema
+    reply = 'ok <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    sample = sample_of(reply, tools=True)
+    assert sample["output_text"] == "ok" and sample["output_tools"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert "output_tools" not in sample_of(reply) and sample_of(reply)["output_text"] == reply

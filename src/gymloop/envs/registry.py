@@ -46,6 +46,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("arith", _lazy(".arith", "make_arith"), "procedural arithmetic; the last integer of the reply is checked"),
     EnvEntry("tools", _lazy(".tools", "make_tools"),
              "multi-turn tool use over a versioned inventory API (version: 1, 2 or 3; tools@v3 is shorthand)"),
+    EnvEntry("calls", _lazy(".calls", "make_calls"),
+             "call the right tool with the right arguments from the schemas in the request; held-out tasks use "
+             "tools training never shows"),
     EnvEntry("code", _lazy(".code", "make_code"), "write a Python function; hidden tests run in the sandbox"),
     EnvEntry("code-repo", _lazy(".code", "make_code_repo"),
              "fix a bug in a tiny multi-file project; its own unittest suite decides"),

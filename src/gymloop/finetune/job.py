@@ -18,6 +18,7 @@ class Hyper:
     n_epochs: int
     batch_size: int
     learning_rate: float
+    learning_rate_multiplier: float = 1.0  # what the job was given (or "auto" chose); the rate is this x base_rate
     beta: float = 0.1
     length_normalize: bool = False
     reference_free: bool = False
@@ -36,14 +37,28 @@ class Hyper:
     def public(self, method: str) -> dict:
         """As the job object reports them (OpenAI's names: a multiplier, not a rate)."""
         out = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
-               "learning_rate_multiplier": self.learning_rate / BASE_LR,
+               "learning_rate_multiplier": self.learning_rate_multiplier,
                **{f: getattr(self, f) for f in METHOD_HYPER[method].fields}}
         if self.lora is not None:
             out["lora"] = self.lora
         return out
 
 
-BASE_LR = 1e-3           # learning_rate_multiplier 1 (nano-sized models; pass a multiplier for others)
+BASE_LR = 1e-3           # learning_rate_multiplier 1 of a nano-sized model (up to SMALL_MODEL parameters)
+SMALL_MODEL = 1_000_000
+LORA_SCALE = 10.0        # LoRA's adapters start at zero and hold few weights: they take a larger step
+
+
+def base_rate(n_params: int | None, lora: bool) -> float:
+    """The learning rate of multiplier 1 for a model of `n_params` parameters (None: nano-sized).
+
+    Full fine-tuning: BASE_LR up to SMALL_MODEL parameters, then falling with the square root of
+    the size (SmolLM2-135M: 8.6e-5; a 7B model: 1.2e-5), near the rates published fine-tunes of
+    those sizes use. LoRA: LORA_SCALE times that, at most BASE_LR (SmolLM2-135M: 8.6e-4; 7B: 1.2e-4).
+    """
+    full = BASE_LR * min(1.0, (SMALL_MODEL / n_params) ** 0.5) if n_params else BASE_LR
+    return min(BASE_LR, LORA_SCALE * full) if lora else full
+
 
 Pick = Callable[[str, object], object]      # pick(name, auto value) -> the given value, or the auto one
 
@@ -84,18 +99,20 @@ METHOD_HYPER = {
 }
 
 
-def resolve(method: str, given: dict, n_examples: int) -> Hyper:
-    """Hyper-parameters of a job: "auto" (or absent) -> defaults that suit the data size."""
+def resolve(method: str, given: dict, n_examples: int, n_params: int | None = None) -> Hyper:
+    """Hyper-parameters of a job: "auto" (or absent) -> defaults that suit the data size (batch
+    and epochs) and the model (the learning rate: its size, LoRA or not; see base_rate)."""
     def pick(name, auto):
         v = given.get(name, "auto")
         return auto if v == "auto" or v is None else v
     spec = METHOD_HYPER[method]
     batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
     epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
-    lr = BASE_LR * float(pick("learning_rate_multiplier", spec.auto_lr))
-    if batch < 1 or epochs < 1 or lr <= 0:
+    multiplier = float(pick("learning_rate_multiplier", spec.auto_lr))
+    if batch < 1 or epochs < 1 or multiplier <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
-    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr)
+    lr = base_rate(n_params, given.get("lora") is not None) * multiplier
+    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier)
     if given.get("lora") is not None:
         h.lora = lora.LoraOptions(**given["lora"]).model_dump()
     if spec.resolve is not None:

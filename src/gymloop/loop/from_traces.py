@@ -17,6 +17,7 @@ from ..finetune.export import export
 from ..finetune.formats import parse
 from ..finetune.job import JobRun, Progress, resolve
 from ..finetune.methods import train_tokens
+from ..models.checkpoint import parameter_count
 
 EXPORT = {"sft": ("sft", "supervised"), "dpo": ("dpo", "dpo")}       # round method -> (export format, job method)
 
@@ -37,7 +38,7 @@ def train_on_traces(store, rm: RoundMethod, start_dir: str, root: Path, seed: in
              **({"learning_rate_multiplier": rm.learning_rate_multiplier} if rm.learning_rate_multiplier else {})}
     losses: list[float] = []
     t0 = time.perf_counter()
-    out = train_tokens(method, JobRun(Path(start_dir), None, rows, None, resolve(method, given, len(rows)), seed, root),
+    out = train_tokens(method, JobRun(Path(start_dir), None, rows, None, resolve(method, given, len(rows), parameter_count(start_dir)), seed, root),
                        Progress(lambda m: losses.append(m["train_loss"]), lambda *a: None, lambda: None))
     seconds = time.perf_counter() - t0
     stats = {"method": rm.method, "examples": len(rows), "steps": out["step"], "trained_tokens": out["trained_tokens"],

@@ -81,3 +81,20 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
     if hf_tok.chat_template is None:
         raise ValueError(f"the tokenizer in {path} has no chat template")
     return model, ChatTokenizer(hf_tok)
+
+
+def parameter_count(path: str | Path) -> int:
+    """Parameters of a saved model, from its safetensors headers (no weights are read)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(path).glob("model*.safetensors")):        # not a LoRA adapter beside it
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                n = 1
+                for d in st.get_slice(name).get_shape():
+                    n *= d
+                total += n
+    if not total:
+        raise FileNotFoundError(f"no safetensors weights in {path}")
+    return total

@@ -23,6 +23,7 @@ from ..envs.graders import GraderError
 from ..finetune.archive import FORMATS
 from ..finetune.formats import FormatError, parse
 from ..finetune.job import BASE_LR, resolve
+from ..models.checkpoint import parameter_count
 from .fine_tuning_bodies import GraderRun, GraderValidate, JobCreate, PromoteRequest, grader_dict
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -197,12 +198,13 @@ def check_create(svc: Services, tenant: str, body: JobCreate) -> tuple[dict, dic
     given = {**(body.hyperparameters.model_dump(exclude_none=True) if body.hyperparameters else {}),
              **(options.hyperparameters.model_dump(exclude_none=True) if options and options.hyperparameters
                 else {})}
-    if svc.resolve_trainable(tenant, body.model) is None:
+    start = svc.resolve_trainable(tenant, body.model)
+    if start is None:
         raise APIError(404, f"model {body.model!r} is not a base model this server trains or one of your "
                        "fine-tuned models", param="model")
     n = _training_files(svc, tenant, body, method)
     try:
-        hp = resolve(method, given, n)
+        hp = resolve(method, given, n, parameter_count(start))       # "auto" fits the model's size
     except ValueError as exc:       # the schema bounds each value; this is a combination
         raise APIError(409, f"hyperparameters: {exc}", param="hyperparameters") from None
     spec = {"type": method}

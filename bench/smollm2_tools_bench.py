@@ -1,0 +1,166 @@
+"""SmolLM2-135M-Instruct as a tool-calling agent, taught as a user would buy it: through the
+fine-tuning API with the official `openai` client, against a real `gymloop serve --model smollm2`.
+
+    python bench/smollm2_tools_bench.py [--sft-rows 200] [--rft-rows 64] [--heldout 100] [--sets 3]
+
+The task is the `calls` environment: a request and three tools (OpenAI function schemas in the
+request's `tools`); the reply must call the right one with the right arguments. Held-out prompts
+use only tools the demonstrations never show (the catalogue is split by tool name), so a held-out
+score measures reading schemas, not recalling names.
+
+1. Base: the served SmolLM2, scored through chat completions (greedy) on `--sets` held-out sets of
+   `--heldout` prompts; a reply counts when the API answers with exactly one tool call, the right
+   tool with the right arguments (valid: a well-formed call of an offered tool).
+2. SFT: a supervised LoRA job on `--sft-rows` demonstrations in OpenAI's function-calling format
+   (an assistant message with `tool_calls`, `tools` on the row), hyper-parameters "auto" (the
+   learning rate from the model's size and LoRA); then promoted through the gate (admin key).
+3. RFT: a reinforcement LoRA job from the SFT model on `--rft-rows` prompts with their expected
+   call, a python grader reading `sample.output_tools` (run in the sandbox); promoted likewise.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import common
+import torch
+from openai import OpenAI
+
+from gymloop.envs import make_env
+from gymloop.models.toolcalls import call_text
+from gymloop.serve import ServeConfig
+from gymloop.serve.background import serving
+
+KEY, ADMIN = "sk-bench", "sk-admin"
+GRADER = {"type": "python", "name": "expected_call", "source": """import json
+def grade(sample, item):
+    calls = sample.get("output_tools") or []
+    if len(calls) != 1:
+        return 0.0
+    want, fn = item["expected"], calls[0]["function"]
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        return 0.0
+    if fn["name"] != want["name"]:
+        return 0.0
+    same = lambda a, b: a.strip().lower() == b.lower() if isinstance(a, str) and isinstance(b, str) else a == b
+    right = set(args) == set(want["arguments"]) and all(same(args[k], v) for k, v in want["arguments"].items())
+    return 1.0 if right else 0.3          # the right tool, wrong arguments: a step on the way
+"""}
+
+
+def demonstration(env, task) -> dict:
+    """A supervised row: the prompt, then the expected call as OpenAI tool_calls."""
+    call = {"id": "call_0", "type": "function", "function": {"name": task.answer["name"],
+                                                             "arguments": json.dumps(task.answer["arguments"])}}
+    return {"messages": list(task.prompt) + [{"role": "assistant", "content": None, "tool_calls": [call]}],
+            "tools": env.tools(task)}
+
+
+def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
+    """Correct and valid call rates through chat completions (greedy, 16 requests at once, so the
+    server batches them)."""
+    def one(t):
+        r = client.chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
+                                           temperature=0, max_tokens=max_tokens)
+        m = r.choices[0].message
+        text = call_text(m.content, [c.model_dump() for c in m.tool_calls or []]) if m.tool_calls else m.content or ""
+        return env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}])
+
+    with ThreadPoolExecutor(16) as pool:
+        scores = list(pool.map(one, tasks))
+    return {"correct": sum(s.reward for s in scores) / len(scores),
+            "valid": sum(s.components["valid"] for s in scores) / len(scores)}
+
+
+def run_job(client: OpenAI, model: str, rows: list[dict], method: dict, suffix: str):
+    data = "\n".join(json.dumps(r) for r in rows).encode()
+    f = client.files.create(file=(f"{suffix}.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert f.status == "processed", f.status_details
+    job = client.fine_tuning.jobs.create(model=model, training_file=f.id, suffix=suffix, seed=0, method=method)
+    t0 = time.perf_counter()
+    while job.status not in ("succeeded", "failed", "cancelled"):
+        time.sleep(2.0)
+        job = client.fine_tuning.jobs.retrieve(job.id)
+    if job.status != "succeeded":
+        raise SystemExit(f"job {job.id} {job.status}: {job.error}")
+    return job, time.perf_counter() - t0
+
+
+def promote(admin: OpenAI, job_id: str, tasks: int) -> dict:
+    return admin.post(f"/fine_tuning/jobs/{job_id}/promote", cast_to=object, body={
+        "env": {"name": "calls"}, "eval_tasks": tasks, "max_new_tokens": 48, "gate": {"delta": 0.0}})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sft-rows", type=int, default=200)
+    ap.add_argument("--rft-rows", type=int, default=64)
+    ap.add_argument("--rft-epochs", type=int, default=2)
+    ap.add_argument("--heldout", type=int, default=100, help="prompts per held-out set")
+    ap.add_argument("--sets", type=int, default=3, help="held-out sets (seeds 1..sets)")
+    ap.add_argument("--gate-tasks", type=int, default=50)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    env = make_env("calls")
+    sets = [env.sample_tasks(args.heldout, "heldout", seed) for seed in range(1, args.sets + 1)]
+    root = Path(tempfile.mkdtemp())
+    cfg = ServeConfig(model="smollm2", model_name="smollm2", db=str(root / "store.db"), api_keys=[KEY],
+                      admin_keys=[ADMIN], jobs_dir=str(root / "jobs"), max_tokens_limit=64)
+    lora = {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}
+    out: dict = {"settings": vars(args)}
+    with serving(cfg) as (base, _, store):
+        client = OpenAI(base_url=base + "/v1", api_key=ADMIN, max_retries=0, timeout=600)
+        models = {"base": "smollm2"}
+        out["base"] = [score(client, "smollm2", env, s) for s in sets]
+        print("base", out["base"], flush=True)
+
+        sft_rows = [demonstration(env, t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
+        job, sec = run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
+            "hyperparameters": {"lora": lora}}}, "calls-sft")
+        models["sft"] = job.fine_tuned_model
+        out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens, "hyperparameters": job.hyperparameters.model_dump()}
+        out["sft"] = [score(client, job.fine_tuned_model, env, s) for s in sets]
+        out["sft_promotion"] = promote(client, job.id, args.gate_tasks)
+        print("sft", out["sft"], out["sft_promotion"].get("why"), flush=True)
+
+        rft_rows = [{"messages": list(t.prompt), "tools": env.tools(t), "expected": t.answer}
+                    for t in env.sample_tasks(args.rft_rows, "train", seed=7)]
+        job, sec = run_job(client, models["sft"], rft_rows, {"type": "reinforcement", "reinforcement": {
+            "grader": GRADER, "hyperparameters": {"lora": lora, "n_epochs": args.rft_epochs, "batch_size": 8,
+                                                  "group_size": 4, "max_new_tokens": 48, "eval_samples": 16}}},
+                            "calls-rft")
+        models["rft"] = job.fine_tuned_model
+        out["rft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens, "hyperparameters": job.hyperparameters.model_dump()}
+        out["rft"] = [score(client, job.fine_tuned_model, env, s) for s in sets]
+        out["rft_promotion"] = promote(client, job.id, args.gate_tasks)
+        print("rft", out["rft"], out["rft_promotion"].get("why"), flush=True)
+        out["models"] = models
+
+    rows = [["model", "correct calls (mean of sets)", "per set", "valid calls", "job seconds", "trained tokens",
+             "promoted"]]
+    for key in ("base", "sft", "rft"):
+        per = [s["correct"] for s in out[key]]
+        job = out.get(f"{key}_job", {})
+        promo = out.get(f"{key}_promotion")
+        rows.append([{"base": "SmolLM2-135M-Instruct", "sft": "+ SFT (LoRA)", "rft": "+ SFT + RFT (LoRA)"}[key],
+                     f"{statistics.mean(per):.1%}", " / ".join(f"{p:.0%}" for p in per),
+                     f"{statistics.mean(s['valid'] for s in out[key]):.1%}",
+                     f"{job['seconds']:.0f}" if job else "", f"{job['trained_tokens']:,}" if job else "",
+                     ("yes" if promo["promoted"] else "no") if promo else ""])
+    print(f"\ntool calls on held-out tools ({args.sets} sets of {args.heldout} prompts, greedy, via the API)")
+    print(common.table(rows))
+    common.save("smollm2_tools", out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

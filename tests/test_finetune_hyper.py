@@ -1,0 +1,40 @@
+"""A job's "auto" hyper-parameters fit its model: the learning rate of multiplier 1 depends on the
+model's size and on LoRA (finetune/job.base_rate); the multiplier reported is the one used."""
+from __future__ import annotations
+
+import pytest
+
+from gymloop.finetune.job import BASE_LR, METHOD_HYPER, SMALL_MODEL, base_rate, resolve
+
+
+def test_the_base_rate_falls_with_size_and_rises_for_lora():
+    assert base_rate(None, False) == base_rate(SMALL_MODEL // 2, False) == BASE_LR    # nano-sized: as before
+    sizes = [SMALL_MODEL, 135_000_000, 1_700_000_000, 7_000_000_000]
+    full = [base_rate(n, False) for n in sizes]
+    assert full == sorted(full, reverse=True) and full[1] == pytest.approx(BASE_LR * (SMALL_MODEL / sizes[1]) ** 0.5)
+    lora = [base_rate(n, True) for n in sizes]
+    assert all(lo >= f for lo, f in zip(lora, full)) and max(lora) <= BASE_LR
+    assert lora[-1] == pytest.approx(10 * full[-1])
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_HYPER))
+def test_auto_uses_the_methods_multiplier_of_the_models_rate(method):
+    given = {"group_size": 4} if method == "reinforcement" else {}
+    small = resolve(method, given, 200)
+    big = resolve(method, given, 200, n_params=135_000_000)
+    big_lora = resolve(method, {**given, "lora": {"rank": 8}}, 200, n_params=135_000_000)
+    auto = METHOD_HYPER[method].auto_lr
+    assert small.learning_rate == pytest.approx(BASE_LR * auto)
+    assert big.learning_rate == pytest.approx(base_rate(135_000_000, False) * auto)
+    assert big_lora.learning_rate == pytest.approx(base_rate(135_000_000, True) * auto)
+    for h in (small, big, big_lora):
+        assert h.public(method)["learning_rate_multiplier"] == auto
+    assert resolve(method, {**given, "learning_rate_multiplier": 3}, 200, 135_000_000).learning_rate == pytest.approx(
+        3 * base_rate(135_000_000, False))
+
+
+def test_parameter_count_reads_the_saved_weights(tiny_model_dir):
+    from gymloop.models.checkpoint import load_model, parameter_count
+
+    model, _ = load_model(tiny_model_dir)
+    assert parameter_count(tiny_model_dir) == sum(p.numel() for p in model.parameters())
