@@ -142,3 +142,21 @@ def matmul_gflops(n: int = 512, seconds: float = 1.0) -> float:
             a @ b
         reps.append(10 * 2 * n**3 / (time.perf_counter() - t0) / 1e9)
     return statistics.median(reps)
+
+
+def run_job(client, model: str, rows: list[dict], method: dict, suffix: str, poll_s: float = 1.0):
+    """Upload `rows` as a training file, run a fine-tuning job of `model` on it through the
+    `openai` client and wait for it: (the finished job, its wall seconds). Exits on a failed job."""
+    import io
+
+    data = "\n".join(json.dumps(r) for r in rows).encode()
+    f = client.files.create(file=(f"{suffix}.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert f.status == "processed", f.status_details
+    job = client.fine_tuning.jobs.create(model=model, training_file=f.id, suffix=suffix, seed=0, method=method)
+    t0 = time.perf_counter()
+    while job.status not in ("succeeded", "failed", "cancelled"):
+        time.sleep(poll_s)
+        job = client.fine_tuning.jobs.retrieve(job.id)
+    if job.status != "succeeded":
+        raise SystemExit(f"job {job.id} {job.status}: {job.error}")
+    return job, time.perf_counter() - t0

@@ -16,11 +16,8 @@ Also: the job's trained tokens, seconds and cost from the ledger.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import common
@@ -41,20 +38,6 @@ def score(client: OpenAI, model: str, env, tasks) -> float:
         r = client.chat.completions.create(model=model, messages=list(t.prompt), max_tokens=8, temperature=0)
         ok += env.verify(t, list(t.prompt) + [{"role": "assistant", "content": r.choices[0].message.content}]).reward == 1
     return ok / len(tasks)
-
-
-def run_job(client: OpenAI, rows: list[dict], method: dict, suffix: str) -> tuple:
-    data = "\n".join(json.dumps(r) for r in rows).encode()
-    f = client.files.create(file=(f"{suffix}.jsonl", io.BytesIO(data)), purpose="fine-tune")
-    assert f.status == "processed", f.status_details
-    job = client.fine_tuning.jobs.create(model="nano", training_file=f.id, suffix=suffix, seed=0, method=method)
-    t0 = time.perf_counter()
-    while job.status not in ("succeeded", "failed", "cancelled"):
-        time.sleep(1.0)
-        job = client.fine_tuning.jobs.retrieve(job.id)
-    if job.status != "succeeded":
-        raise SystemExit(f"job {job.id} {job.status}: {job.error}")
-    return job, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -112,7 +95,7 @@ def sft_job(client, store, args, rows, out):
     sft = [{"messages": list(t.prompt) + [{"role": "assistant", "content": sub.gold_reply(t)}]} for t in train]
     held = sub.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", sub, held)
-    job, sec = run_job(client, sft, {"type": "supervised", "supervised": {"hyperparameters": {
+    job, sec = common.run_job(client, "nano", sft, {"type": "supervised", "supervised": {"hyperparameters": {
         "n_epochs": args.epochs, "batch_size": 32, "learning_rate_multiplier": args.sft_lr}}}, "sub")
     report(store, rows, out, "sft", job, sec, "2-digit subtraction", before, score(client, job.fine_tuned_model, sub, held))
     out.setdefault("settings", []).append(f"SFT: {args.sft_rows} examples x {args.epochs} epochs, lr x{args.sft_lr}")
@@ -133,7 +116,7 @@ def dpo_job(client, store, args, rows, out):
                           "non_preferred_output": [{"role": "assistant", "content": text}]})
     held = add.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", add, held)
-    job, sec = run_job(client, pairs, {"type": "dpo", "dpo": {"hyperparameters": {
+    job, sec = common.run_job(client, "nano", pairs, {"type": "dpo", "dpo": {"hyperparameters": {
         "n_epochs": 2, "batch_size": 16, "beta": args.dpo_beta, "learning_rate_multiplier": args.dpo_lr,
         "sft_weight": args.dpo_sft_weight}}}, "dpo")
     report(store, rows, out, "dpo", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held),
@@ -157,7 +140,7 @@ def rft_job(client, store, args, rows, out):
                for t in add.sample_tasks(args.rft_rows, "train", seed=2)]
     held = add.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", add, held)
-    job, sec = run_job(client, prompts, {"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
+    job, sec = common.run_job(client, "nano", prompts, {"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
         "n_epochs": args.rft_epochs, "batch_size": 32, "group_size": 8, "max_new_tokens": 6,
         "learning_rate_multiplier": args.rft_lr, "eval_samples": 100}}}, "rft")
     report(store, rows, out, "rft", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held))

@@ -20,12 +20,10 @@ score measures reading schemas, not recalling names.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,20 +79,6 @@ def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
             "valid": sum(s.components["valid"] for s in scores) / len(scores)}
 
 
-def run_job(client: OpenAI, model: str, rows: list[dict], method: dict, suffix: str):
-    data = "\n".join(json.dumps(r) for r in rows).encode()
-    f = client.files.create(file=(f"{suffix}.jsonl", io.BytesIO(data)), purpose="fine-tune")
-    assert f.status == "processed", f.status_details
-    job = client.fine_tuning.jobs.create(model=model, training_file=f.id, suffix=suffix, seed=0, method=method)
-    t0 = time.perf_counter()
-    while job.status not in ("succeeded", "failed", "cancelled"):
-        time.sleep(2.0)
-        job = client.fine_tuning.jobs.retrieve(job.id)
-    if job.status != "succeeded":
-        raise SystemExit(f"job {job.id} {job.status}: {job.error}")
-    return job, time.perf_counter() - t0
-
-
 def promote(admin: OpenAI, job_id: str, tasks: int) -> dict:
     return admin.post(f"/fine_tuning/jobs/{job_id}/promote", cast_to=object, body={
         "env": {"name": "calls"}, "eval_tasks": tasks, "max_new_tokens": 48, "gate": {"delta": 0.0}})
@@ -125,7 +109,7 @@ def main() -> None:
         print("base", out["base"], flush=True)
 
         sft_rows = [demonstration(env, t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
-        job, sec = run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
+        job, sec = common.run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
             "hyperparameters": {"lora": lora}}}, "calls-sft")
         models["sft"] = job.fine_tuned_model
         out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens, "hyperparameters": job.hyperparameters.model_dump()}
@@ -135,7 +119,7 @@ def main() -> None:
 
         rft_rows = [{"messages": list(t.prompt), "tools": env.tools(t), "expected": t.answer}
                     for t in env.sample_tasks(args.rft_rows, "train", seed=7)]
-        job, sec = run_job(client, models["sft"], rft_rows, {"type": "reinforcement", "reinforcement": {
+        job, sec = common.run_job(client, models["sft"], rft_rows, {"type": "reinforcement", "reinforcement": {
             "grader": GRADER, "hyperparameters": {"lora": lora, "n_epochs": args.rft_epochs, "batch_size": 8,
                                                   "group_size": 4, "max_new_tokens": 48, "eval_samples": 16}}},
                             "calls-rft")

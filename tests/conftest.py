@@ -105,6 +105,23 @@ def tool_model_dir(tmp_path_factory, tok):
     return path
 
 
+CLERK_KEY = "sk-clerk"
+
+
+@pytest.fixture(scope="session")
+def clerk(tmp_path_factory, tool_model_dir):
+    """`gymloop serve` of tool_model_dir as the model "clerk" (no fine-tuning API), for tests of tool
+    calls: {"base": URL of /v1, "store": its store, "key": its API key}."""
+    from gymloop.serve import ServeConfig
+    from gymloop.serve.background import serving
+
+    root = tmp_path_factory.mktemp("clerk")
+    cfg = ServeConfig(model=str(tool_model_dir), model_name="clerk", db=str(root / "s.db"), api_keys=[CLERK_KEY],
+                      fine_tuning=False)
+    with serving(cfg) as (base, _, store):
+        yield {"base": base + "/v1", "store": store, "key": CLERK_KEY}
+
+
 def running_server(app) -> ServerThread:
     """Serve a FastAPI app in a thread; `with running_server(app) as base_url:`."""
     return ServerThread(app)

@@ -9,24 +9,16 @@ import json
 
 import pytest
 
-from conftest import agent_rows, running_server
-from gymloop.serve import ServeConfig, build, shutdown
-
-KEY = "sk-agents"
+from conftest import CLERK_KEY as KEY
+from conftest import agent_rows
 ROW = agent_rows()[1]
 TOOLS, (SYSTEM, QUESTION, CALLED, RESULT, ANSWER) = ROW["tools"], ROW["messages"]
 RESPONSE_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tool_model_dir):
-    root = tmp_path_factory.mktemp("agents")
-    cfg = ServeConfig(model=str(tool_model_dir), model_name="clerk", db=str(root / "s.db"), api_keys=[KEY],
-                      fine_tuning=False)
-    app, _, store = build(cfg)
-    with running_server(app) as base:
-        yield {"base": base + "/v1", "store": store}
-    shutdown(app)
+def server(clerk):
+    return clerk
 
 
 @pytest.fixture()

@@ -126,15 +126,9 @@ def test_errors_conform(api, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tool_api(tmp_path_factory, tool_model_dir):
-    root = tmp_path_factory.mktemp("conf-tools")
-    cfg = ServeConfig(model=str(tool_model_dir), model_name="clerk", db=str(root / "s.db"), api_keys=[KEY],
-                      fine_tuning=False)
-    app, _, _ = build(cfg)
-    with running_server(app) as base:
-        with httpx.Client(base_url=base + "/v1", headers={"authorization": f"Bearer {KEY}"}, timeout=120) as c:
-            yield c
-    shutdown(app)
+def tool_api(clerk):
+    with httpx.Client(base_url=clerk["base"], headers={"authorization": f"Bearer {clerk['key']}"}, timeout=120) as c:
+        yield c
 
 
 def _events(api: httpx.Client, path: str, body: dict) -> list[dict]:

@@ -165,7 +165,6 @@ def output_items(p: Prepared, text: str, done: bool) -> list[dict]:
 
 def response_body(p: Prepared, gen, version: int) -> dict:
     """OpenAI's Response object for one finished generation."""
-    req: ResponseRequest = p.req
     done = gen.finish_reason == "stop"
     return {**_envelope(p, version, "completed" if done else "incomplete"),
             "completed_at": time.time(), "incomplete_details": None if done else {"reason": "max_output_tokens"},
