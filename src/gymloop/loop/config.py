@@ -73,7 +73,8 @@ class LoopConfig(RunBlocks):
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(steps=50), description="GRPO per round (steps = per round).")
     eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=200, every=0),
                              description="Held-out evaluation of each round and tasks per suite at the gate.")
-    store: str = Field("gymloop.db", description="The SQLite store shared with `gymloop serve`.")
+    store: str = Field("gymloop.db", description="The store shared with `gymloop serve`: a SQLite file or a "
+                       "PostgreSQL URL (postgresql://user@host/db).")
     rounds: int | None = Field(None, ge=1, description="Stop after this many committed rounds (None: never).")
     suites: list[str] = Field(default_factory=list, description="Other held-out suites guarded against regression.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Promotion gate.")

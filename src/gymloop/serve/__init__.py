@@ -39,7 +39,7 @@ def build(cfg: ServeConfig):
 
         from ..finetune.worker import JobWorker
 
-        jobs = Path(cfg.jobs_dir) if cfg.jobs_dir else Path(cfg.db).resolve().parent / "ft-jobs"
+        jobs = Path(cfg.jobs_dir) if cfg.jobs_dir else cfg.default_jobs_dir()
         svc.worker = JobWorker(store, jobs, svc.resolve_trainable, profiles[cfg.cost_profile],
                                cfg.cost_profile, checkpoint_every=cfg.checkpoint_every, chat=svc.grader_chat).start()
     return app, batcher, store
@@ -53,11 +53,11 @@ def shutdown(app) -> None:
 
 
 def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> None:
-    """Serve whatever the store says is promoted: poll it, load the weights, swap between
+    """Serve whatever the store says is promoted: check it, load the weights, swap between
     batches. The store is the single source of truth, so a promotion by `gymloop run` or a
-    `gymloop rollback` in another process reaches this server without a restart."""
+    `gymloop rollback` in another process reaches this server without a restart: at once on
+    PostgreSQL (the promotion is announced), within `poll_s` on SQLite."""
     import threading
-    import time
 
     from safetensors.torch import load_file
 
@@ -74,7 +74,7 @@ def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> N
 
     def loop() -> None:
         while not batcher.stopped:
-            time.sleep(poll_s)
+            store.wait_for_promotion(poll_s)
             try:
                 if on_tick is not None:
                     on_tick()

@@ -11,7 +11,8 @@ class ServeConfig(BaseModel):
 
     model: str = Field("nano", description="'nano', 'smollm2' or a HF model directory to serve.")
     model_name: str | None = Field(None, description="Model id clients send (default: gymloop-<model>).")
-    db: str = Field("gymloop.db", description="SQLite store for traces and feedback.")
+    db: str = Field("gymloop.db", description="The store for traces, feedback, versions and jobs: a SQLite file, "
+                    "or a PostgreSQL URL (postgresql://user@host/db) that several servers and workers share.")
     api_keys: list[str] = Field(default_factory=list, description="Accepted Bearer keys (also GYMLOOP_API_KEYS).")
     admin_keys: list[str] = Field(default_factory=list, description="Keys (accepted like api_keys) that may also "
                                   "promote a fine-tuned model into production through the gate.")
@@ -29,13 +30,22 @@ class ServeConfig(BaseModel):
     job_worker: bool = Field(True, description="Run the store's queued fine-tuning jobs in a worker thread of this "
                              "server; off: `gymloop worker` processes run them (any number, one job at a time each).")
     jobs_dir: str | None = Field(None, description="Where fine-tuning jobs keep checkpoints and models "
-                                 "(default: ft-jobs/ beside the store).")
+                                 "(default: ft-jobs/ beside a SQLite store, ./ft-jobs with PostgreSQL; "
+                                 "workers on several machines need one shared directory).")
     trainable_models: list[str] = Field(default_factory=lambda: ["nano", "nano-tools", "nano-moe"],
                                         description="Base models a fine-tuning job may start from (model names "
                                         "of `gymloop train`; the served model is one too).")
     checkpoint_every: int = Field(0, ge=0, description="Fine-tuning checkpoint interval in steps (0: every epoch).")
     max_loaded_mb: int = Field(2048, ge=1, description="Memory budget of fine-tuned models served on demand "
                                "(least recently used ones are unloaded).")
+
+    def default_jobs_dir(self) -> "Path":
+        """ft-jobs/ beside a SQLite store's file; with a PostgreSQL store, ./ft-jobs."""
+        from pathlib import Path
+
+        if self.db.startswith(("postgresql://", "postgres://")):
+            return Path("ft-jobs").resolve()
+        return Path(self.db).resolve().parent / "ft-jobs"
 
     def served_name(self) -> str:
         if self.model_name:

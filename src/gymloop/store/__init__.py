@@ -1,5 +1,5 @@
 """The store: everything that must survive a crash, as repositories by domain over one database
-(SQLite in WAL mode by default). Every write is a transaction committed before the call
+(SQLite in WAL mode by default, or PostgreSQL: `Store("postgresql://user@host/db")`). Every write is a transaction committed before the call
 returns, so a response sent after a write is never ahead of the disk.
 
     store.traces     traces, feedback, production's tasks              traces.py
@@ -10,7 +10,7 @@ returns, so a response sent after a write is never ahead of the disk.
 
 Repositories return typed records (records.py) and raise typed errors (errors.py: NotFound,
 Conflict) that the API maps to status codes. db.py holds the connection, transactions and
-migrations; SQL lives in this package only.
+migrations (postgres.py the same on PostgreSQL); SQL lives in this package only.
 """
 from __future__ import annotations
 
@@ -22,17 +22,29 @@ from .files import Files
 from .jobs import Jobs
 from .ledger import Ledger
 from .traces import Traces
-from .versions import Versions
+from .versions import PROMOTIONS, Versions
 
 __all__ = ["MIGRATIONS", "Conflict", "Database", "NotFound", "Store", "StoreError"]
+
+
+def open_database(target: str | Path):
+    """The database `target` names: a `postgresql://` URL (PostgresDatabase), else a SQLite file."""
+    if str(target).startswith(("postgresql://", "postgres://")):
+        try:
+            from .postgres import PostgresDatabase
+
+            return PostgresDatabase(str(target))
+        except ModuleNotFoundError as exc:
+            raise RuntimeError(f"a PostgreSQL store needs psycopg: pip install 'gymloop[postgres]' ({exc})") from None
+    return Database(target)
 
 
 class Store:
     """The repositories of one database; thread-safe."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.db = Database(path)
-        self.path = self.db.path
+    def __init__(self, target: str | Path) -> None:
+        self.db = open_database(target)
+        self.url = self.db.url             # the file's path, or the PostgreSQL URL
         self.traces = Traces(self.db)
         self.versions = Versions(self.db)
         self.ledger = Ledger(self.db)
@@ -46,3 +58,11 @@ class Store:
     @property
     def schema_version(self) -> int:
         return self.db.schema_version
+
+    def wait_for_promotion(self, timeout: float) -> bool:
+        """Block until a promotion or rollback is announced (PostgreSQL: LISTEN) or `timeout`
+        seconds pass (SQLite: always; its followers poll)."""
+        return self.db.wait(PROMOTIONS, timeout)
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,11 +1,13 @@
-"""The store's database: one SQLite file in WAL mode, a connection per thread, transactions,
-the schema and its migrations, and the row helpers the repositories share. SQL lives in this
-package only (tests/test_layout.py checks it)."""
+"""The store's database: one SQLite file in WAL mode (a connection per thread, transactions), or
+a PostgreSQL server (postgres.py) chosen by URL; the schema and its migrations, and the row
+helpers the repositories share. The repositories' SQL is the dialect both speak (`?` parameters,
+`INSERT ... ON CONFLICT`, `RETURNING`). SQL lives in this package only (tests/test_layout.py checks it)."""
 from __future__ import annotations
 
 import json
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -90,11 +92,18 @@ MIGRATIONS: list[str] = [
 ]
 
 
+Conn = Any        # a transaction's connection: sqlite3.Connection, or postgres.Connection
+
+
 class Database:
     """Thread-safe access to one SQLite database in WAL mode: `tx()` for writes, `read()` for reads."""
 
+    dialect = "sqlite"
+    LOCK_ROW = ""     # SQLite serializes write transactions: a row read in one is already the writer's
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.url = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._migrate()
@@ -113,8 +122,9 @@ class Database:
         return conn
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction: committed on success, rolled back on any error."""
+    def tx(self, serial: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction: committed on success, rolled back on any error. SQLite serializes
+        every write transaction (`serial` matters on PostgreSQL only)."""
         conn = self.read()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -133,9 +143,10 @@ class Database:
                 raise RuntimeError(f"{self.path} has schema version {have}; this gymloop knows {len(MIGRATIONS)}")
             for sql in MIGRATIONS[have:]:
                 # statement by statement: executescript would commit the open transaction
-                for statement in _split(sql):
+                for statement in split_statements(sql):
                     c.execute(statement)
-            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(len(MIGRATIONS)),))
+            c.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = "
+                      "excluded.value", (str(len(MIGRATIONS)),))
 
     @property
     def schema_version(self) -> int:
@@ -146,11 +157,25 @@ class Database:
             raise ValueError(f"unknown table {table!r}")
         return self.read().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
+    def notify(self, c: sqlite3.Connection, channel: str) -> None:
+        """Nothing is announced on SQLite: followers poll."""
+
+    def wait(self, channel: str, timeout: float) -> bool:
+        """SQLite announces nothing: sleep one poll interval (False: no notification)."""
+        time.sleep(timeout)
+        return False
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
 
 COUNTED = frozenset({"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "ledger"})
 
 
-def _split(sql: str) -> list[str]:
+def split_statements(sql: str) -> list[str]:
     return [s.strip() for s in sql.split(";") if s.strip()]
 
 

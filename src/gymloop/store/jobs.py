@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from ..accounting.rows import LedgerRow
 from . import ledger
-from .db import Database, page, record
+from .db import Conn, Database, page, record
 from .records import Checkpoint, Job, JobEvent
 
 JSON_COLS = ("metadata", "method", "hyperparameters", "error", "result_files", "progress")
 
 
-def _insert_event(c: sqlite3.Connection, job_id: str, level: str, message: str, type: str, data: dict) -> None:
+def _insert_event(c: Conn, job_id: str, level: str, message: str, type: str, data: dict) -> None:
     c.execute("INSERT INTO ft_events (id, job_id, created, level, message, type, data) VALUES (?,?,?,?,?,?,?)",
               (f"ftevent-{uuid.uuid4().hex[:24]}", job_id, time.time(), level, message, type, json.dumps(data)))
 
@@ -72,12 +71,31 @@ class Jobs:
                 ledger.insert(c, ledger_row)
         return changed
 
-    def next(self) -> Job | None:
-        """The job a worker should run: one already running (its worker died: resume it), else
-        the oldest queued one."""
-        return record(self.db.read().execute(
-            "SELECT * FROM ft_jobs WHERE status IN ('running', 'queued') "
-            "ORDER BY status = 'running' DESC, seq LIMIT 1").fetchone(), JSON_COLS)
+    def claim(self, worker: str, gone: Callable[[str | None, float | None, float], bool]) -> Job | None:
+        """Take the job `worker` should run, in one transaction: a running job whose worker is
+        `gone(worker, heartbeat, now)` (resumed), else the oldest queued one; None when there is
+        none. A job another worker is claiming at that moment is passed over (PostgreSQL: its row
+        is locked, `FOR UPDATE SKIP LOCKED`; SQLite runs one claim at a time), so no two workers
+        ever take one job."""
+        now = time.time()
+        with self.db.tx(serial=False) as c:
+            ids = c.execute("SELECT id FROM ft_jobs WHERE status IN ('running', 'queued') "
+                            "ORDER BY CASE WHEN status = 'running' THEN 0 ELSE 1 END, seq").fetchall()
+            for jid in [r["id"] for r in ids]:
+                row = c.execute("SELECT status, worker, heartbeat FROM ft_jobs WHERE id = ? AND status IN "
+                                "('running', 'queued')" + self.db.LOCK_ROW, (jid,)).fetchone()
+                if row is None or (row["status"] == "running" and not gone(row["worker"], row["heartbeat"], now)):
+                    continue
+                fields = {"heartbeat": now, "worker": worker}
+                if row["status"] == "queued":
+                    fields |= {"status": "running", "started": now}
+                    _insert_event(c, jid, "info", "Fine-tuning job started", "message", {})
+                c.execute(f"UPDATE ft_jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
+                          [*fields.values(), jid])
+                break
+            else:
+                return None
+        return self.get(None, jid)
 
     # --- the models jobs made ------------------------------------------------------------------------
     def fine_tuned_model(self, tenant: str, model_id: str) -> str | None:
@@ -119,8 +137,8 @@ class Jobs:
         restarts resumes from the newest checkpoint the store knows, never from a half-written one."""
         with self.db.tx() as c:
             # a step saved twice (paused right after a checkpoint) keeps its first record
-            c.execute("INSERT OR IGNORE INTO ft_checkpoints (id, job_id, created, step, path, model_id, metrics) "
-                      "VALUES (?,?,?,?,?,?,?)", (f"ftckpt-{uuid.uuid4().hex[:24]}", job_id, time.time(), step, path,
+            c.execute("INSERT INTO ft_checkpoints (id, job_id, created, step, path, model_id, metrics) "
+                      "VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", (f"ftckpt-{uuid.uuid4().hex[:24]}", job_id, time.time(), step, path,
                                                   model_id, json.dumps(metrics)))
             c.execute("UPDATE ft_jobs SET progress = ? WHERE id = ?", (json.dumps(state), job_id))
 

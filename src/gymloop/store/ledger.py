@@ -1,15 +1,14 @@
 """The ledger: priced rows (accounting/rows.py makes every one) and what is summed from them."""
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from ..accounting.rows import LedgerRow
-from .db import Database
+from .db import Conn, Database
 from .records import LedgerRecord
 
 
-def insert(c: sqlite3.Connection, row: LedgerRow) -> None:
+def insert(c: Conn, row: LedgerRow) -> None:
     """One row, inside the caller's transaction (a round's or a job's commit writes its cost with it)."""
     # accounting/rows.py prices every row; a dict here would be a second writer's
     if not isinstance(row, LedgerRow):
@@ -60,7 +59,8 @@ class Ledger:
         """Aggregates for the dashboard (no trace contents): traces, feedback, spend, serving's cost."""
         c = self.db.read()
         t = c.execute("SELECT COUNT(*), COALESCE(SUM(completion_tokens), 0), MAX(created) FROM traces").fetchone()
-        f = c.execute("SELECT COUNT(*), COALESCE(SUM(reward < 1), 0) FROM feedback WHERE reward IS NOT NULL").fetchone()
+        f = c.execute("SELECT COUNT(*), COALESCE(SUM(CASE WHEN reward < 1 THEN 1 ELSE 0 END), 0) FROM feedback "
+                      "WHERE reward IS NOT NULL").fetchone()
         d = c.execute("SELECT COALESCE(SUM(dollars), 0), COALESCE(SUM(seconds), 0) FROM ledger").fetchone()
         sv = c.execute("SELECT COALESCE(SUM(dollars), 0), COALESCE(SUM(served_tokens), 0) FROM ledger "
                        "WHERE phase = 'serving'").fetchone()

@@ -87,9 +87,9 @@ class Traces:
         with self.db.tx() as c:
             if c.execute("SELECT 1 FROM traces WHERE id = ?", (trace_id,)).fetchone() is None:
                 raise NotFound(f"unknown trace id {trace_id!r}")
-            cur = c.execute("INSERT INTO feedback (trace_id, created, reward, label, env, env_version, task_id) "
-                            "VALUES (?,?,?,?,?,?,?)", (trace_id, time.time(), reward, label, env, env_version, task_id))
-            return int(cur.lastrowid)
+            return int(c.execute("INSERT INTO feedback (trace_id, created, reward, label, env, env_version, task_id) "
+                                 "VALUES (?,?,?,?,?,?,?) RETURNING id",
+                                 (trace_id, time.time(), reward, label, env, env_version, task_id)).fetchone()[0])
 
     def feedback_for(self, trace_id: str) -> list[Feedback]:
         rows = self.db.read().execute("SELECT * FROM feedback WHERE trace_id = ? ORDER BY id", (trace_id,)).fetchall()
@@ -144,7 +144,7 @@ class Traces:
         """Per environment (name@version): (rewarded feedback rows with reward 1, all rewarded rows)
         created in [since, until)."""
         rows = self.db.read().execute(
-            "SELECT env, env_version, SUM(reward >= 1) AS ok, COUNT(*) AS n FROM feedback "
+            "SELECT env, env_version, SUM(CASE WHEN reward >= 1 THEN 1 ELSE 0 END) AS ok, COUNT(*) AS n FROM feedback "
             "WHERE reward IS NOT NULL AND env IS NOT NULL AND created >= ? AND created < ? "
             "GROUP BY env, env_version", (since, until)).fetchall()
         return {env_key(r["env"], r["env_version"]): (int(r["ok"]), int(r["n"])) for r in rows}
@@ -152,7 +152,7 @@ class Traces:
     # --- production's tasks ----------------------------------------------------------------------
     def add_task(self, task) -> None:
         with self.db.tx() as c:
-            c.execute("INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?,?,?,?)",
+            c.execute("INSERT INTO tasks VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                       (task.id, task.env, task.split, task.source, json.dumps(list(task.prompt)),
                        json.dumps(task.answer), json.dumps(task.info, default=str), time.time()))
 

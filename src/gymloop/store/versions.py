@@ -12,6 +12,8 @@ from .db import Database, record
 from .errors import Conflict, NotFound
 from .records import DriftEvent, ModelVersion, Round
 
+PROMOTIONS = "gymloop_promotions"      # the channel a change of the served version is announced on
+
 
 class Versions:
     def __init__(self, db: Database) -> None:
@@ -19,9 +21,11 @@ class Versions:
 
     def add(self, path: str, parent: int | None, status: str = "candidate", scores: dict | None = None) -> int:
         with self.db.tx() as c:
-            cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
-                            (parent, path, time.time(), status, json.dumps(scores or {})))
-            return int(cur.lastrowid)
+            version = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) "
+                                "VALUES (?,?,?,?,?) RETURNING version",
+                                (parent, path, time.time(), status, json.dumps(scores or {}))).fetchone()[0]
+            self.db.notify(c, PROMOTIONS)
+            return int(version)
 
     def set_status(self, version: int, status: str, scores: dict | None = None) -> None:
         with self.db.tx() as c:
@@ -30,6 +34,7 @@ class Versions:
             c.execute("UPDATE model_versions SET status = ? WHERE version = ?", (status, version))
             if scores is not None:
                 c.execute("UPDATE model_versions SET scores = ? WHERE version = ?", (json.dumps(scores), version))
+            self.db.notify(c, PROMOTIONS)
 
     def get(self, version: int) -> ModelVersion | None:
         return record(self.db.read().execute("SELECT * FROM model_versions WHERE version = ?", (version,)).fetchone(),
@@ -55,11 +60,13 @@ class Versions:
             c.execute("UPDATE model_versions SET status = 'rolled_back' WHERE version > ? AND status = 'promoted'",
                       (version,))
             c.execute("UPDATE model_versions SET status = 'promoted' WHERE version = ?", (version,))
+            self.db.notify(c, PROMOTIONS)
 
     # --- a loop's runs and rounds ------------------------------------------------------------------
     def ensure_run(self, run_id: str, config: dict) -> None:
         with self.db.tx() as c:
-            c.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?)", (run_id, time.time(), json.dumps(config), "running"))
+            c.execute("INSERT INTO runs VALUES (?,?,?,?) ON CONFLICT DO NOTHING",
+                      (run_id, time.time(), json.dumps(config), "running"))
 
     def last_round(self, run_id: str) -> int:
         return self.db.read().execute("SELECT MAX(round) FROM rounds WHERE run_id = ?", (run_id,)).fetchone()[0] or 0
@@ -82,23 +89,24 @@ class Versions:
         second commit). `ledger_rows`: the round's rows (accounting/rows.py), filed under this round.
         """
         with self.db.tx() as c:
-            cur = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) VALUES (?,?,?,?,?)",
-                            (parent, path, time.time(), status, json.dumps(scores)))
-            version = int(cur.lastrowid)
+            version = int(c.execute("INSERT INTO model_versions (parent, path, created, status, scores) "
+                                    "VALUES (?,?,?,?,?) RETURNING version",
+                                    (parent, path, time.time(), status, json.dumps(scores))).fetchone()[0])
             c.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?)",
                       (run_id, round, status, started, time.time() if finished is None else finished,
                        json.dumps({**metrics, "version": version})))
             for row in ledger_rows:
                 ledger.insert(c, dataclasses.replace(row, run_id=run_id, round=round))
+            self.db.notify(c, PROMOTIONS)
         return version
 
     # --- drift ---------------------------------------------------------------------------------------
     def add_drift_event(self, *, env: str, kind: str, before: float, after: float, detail: str = "",
                         run_id: str | None = None, round: int | None = None) -> int:
         with self.db.tx() as c:
-            cur = c.execute("INSERT INTO drift_events (created, run_id, round, env, kind, before, after, detail) "
-                            "VALUES (?,?,?,?,?,?,?,?)", (time.time(), run_id, round, env, kind, before, after, detail))
-            return int(cur.lastrowid)
+            return int(c.execute("INSERT INTO drift_events (created, run_id, round, env, kind, before, after, detail) "
+                                 "VALUES (?,?,?,?,?,?,?,?) RETURNING id",
+                                 (time.time(), run_id, round, env, kind, before, after, detail)).fetchone()[0])
 
     def drift_events(self) -> list[DriftEvent]:
         return [dict(r) for r in self.db.read().execute("SELECT * FROM drift_events ORDER BY id")]
