@@ -1,6 +1,8 @@
 """Configuration of `gymloop serve`."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -39,10 +41,8 @@ class ServeConfig(BaseModel):
     max_loaded_mb: int = Field(2048, ge=1, description="Memory budget of fine-tuned models served on demand "
                                "(least recently used ones are unloaded).")
 
-    def default_jobs_dir(self) -> "Path":
+    def default_jobs_dir(self) -> Path:
         """ft-jobs/ beside a SQLite store's file; with a PostgreSQL store, ./ft-jobs."""
-        from pathlib import Path
-
         if self.db.startswith(("postgresql://", "postgres://")):
             return Path("ft-jobs").resolve()
         return Path(self.db).resolve().parent / "ft-jobs"
