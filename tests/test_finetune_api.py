@@ -496,17 +496,18 @@ def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_mod
         proc.wait(10)
 
 
-def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path, tiny_model_dir):
+def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path, tiny_model_dir, store_target):
     """`gymloop serve --no-job-worker` queues jobs and runs none; a `gymloop worker` process
     beside it (same model and store) runs them. Killed (SIGKILL) mid-job, its job is taken over
-    by the next worker from the newest checkpoint, succeeds once, and the server serves the model."""
+    by the next worker from the newest checkpoint, succeeds once, and the server serves the model.
+    On SQLite and on PostgreSQL (conftest's store_target)."""
     import socket
 
     from gymloop.serve.background import free_port
     from gymloop.store import Store
 
-    db, port = tmp_path / "store.db", free_port()
-    same = ["--model", str(tiny_model_dir), "--model-name", "tiny", "--db", str(db)]
+    db, port = store_target, free_port()
+    same = ["--model", str(tiny_model_dir), "--model-name", "tiny", "--db", db, "--jobs-dir", str(tmp_path / "jobs")]
     server = _process(["serve", *same, "--api-key", KEY, "--port", str(port), "--no-job-worker"], port)
     worker = None
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
