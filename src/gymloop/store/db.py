@@ -10,7 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # Each migration moves the schema one version up; never edit one that has shipped.
 MIGRATIONS: list[str] = [
@@ -95,7 +95,37 @@ MIGRATIONS: list[str] = [
 Conn = Any        # a transaction's connection: sqlite3.Connection, or postgres.Connection
 
 
-class Database:
+class Schema:
+    """What both databases do alike over their own `read()` and `tx()`: migrate (each migration's
+    DDL through `ddl`, the back-end's types), the schema's version, row counts."""
+
+    url: str
+
+    def _migrate(self, ddl: Callable[[str], str] = lambda sql: sql) -> None:
+        with self.tx() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            have = int(row["value"]) if row else 0
+            if have > len(MIGRATIONS):
+                raise RuntimeError(f"{self.url} has schema version {have}; this gymloop knows {len(MIGRATIONS)}")
+            for sql in MIGRATIONS[have:]:
+                # statement by statement: SQLite's executescript would commit the open transaction
+                for statement in split_statements(ddl(sql)):
+                    c.execute(statement)
+            c.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = "
+                      "excluded.value", (str(len(MIGRATIONS)),))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.read().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+
+    def count(self, table: str) -> int:
+        if table not in COUNTED:
+            raise ValueError(f"unknown table {table!r}")
+        return self.read().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+class Database(Schema):
     """Thread-safe access to one SQLite database in WAL mode: `tx()` for writes, `read()` for reads."""
 
     dialect = "sqlite"
@@ -133,29 +163,6 @@ class Database:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-
-    def _migrate(self) -> None:
-        with self.tx() as c:
-            c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            have = int(row["value"]) if row else 0
-            if have > len(MIGRATIONS):
-                raise RuntimeError(f"{self.path} has schema version {have}; this gymloop knows {len(MIGRATIONS)}")
-            for sql in MIGRATIONS[have:]:
-                # statement by statement: executescript would commit the open transaction
-                for statement in split_statements(sql):
-                    c.execute(statement)
-            c.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = "
-                      "excluded.value", (str(len(MIGRATIONS)),))
-
-    @property
-    def schema_version(self) -> int:
-        return int(self.read().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
-
-    def count(self, table: str) -> int:
-        if table not in COUNTED:
-            raise ValueError(f"unknown table {table!r}")
-        return self.read().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
     def notify(self, c: sqlite3.Connection, channel: str) -> None:
         """Nothing is announced on SQLite: followers poll."""

@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from .db import COUNTED, MIGRATIONS, split_statements
+from .db import Schema
 
 WRITE_LOCK = 0x67796D6C          # "gyml": the advisory lock every serial write transaction holds
 
@@ -107,7 +107,7 @@ def _configure(conn) -> None:
     conn.adapters.register_loader("numeric", FloatLoader)
 
 
-class PostgresDatabase:
+class PostgresDatabase(Schema):
     """The store on a PostgreSQL server; thread-safe (a pool of `max_connections`)."""
 
     dialect = "postgres"
@@ -122,7 +122,7 @@ class PostgresDatabase:
         self.pool.wait(timeout=30)
         self._listener = None
         self._listen_lock = threading.Lock()
-        self._migrate()
+        self._migrate(postgres_ddl)
 
     def read(self) -> Reader:
         return Reader(self.pool)
@@ -135,28 +135,6 @@ class PostgresDatabase:
             if serial:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield Connection(conn)
-
-    def _migrate(self) -> None:
-        with self.tx() as c:
-            c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            have = int(row["value"]) if row else 0
-            if have > len(MIGRATIONS):
-                raise RuntimeError(f"{self.url} has schema version {have}; this gymloop knows {len(MIGRATIONS)}")
-            for sql in MIGRATIONS[have:]:
-                for statement in split_statements(postgres_ddl(sql)):
-                    c.execute(statement)
-            c.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = "
-                      "excluded.value", (str(len(MIGRATIONS)),))
-
-    @property
-    def schema_version(self) -> int:
-        return int(self.read().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
-
-    def count(self, table: str) -> int:
-        if table not in COUNTED:
-            raise ValueError(f"unknown table {table!r}")
-        return self.read().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
     def notify(self, c: Connection, channel: str) -> None:
         """Announce `channel` when `c`'s transaction commits."""
