@@ -116,3 +116,31 @@ def test_dpo_loss_by_hand():
         DPOLoss()(c, r, None, None)
     with pytest.raises(ValueError, match="beta"):
         DPOLoss(beta=0)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_micro_batches_give_the_same_update_as_one_pass(tok, agg):
+    """Trainer(micro_batch=k): each part's loss over the whole minibatch's count, gradients summed,
+    one step: the gradient equals one pass's (the memory is one part's). Compared before Adam,
+    whose update of a near-zero gradient turns rounding into a sign."""
+    from conftest import tiny_llama
+    from gymloop.trainer.trainer import Trainer
+    from gymloop.trainer.logprobs import make_batch, token_logprobs
+    from gymloop.trainer.objectives import PolicyObjective
+
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(6, tok.vocab_size, (int(n),), generator=gen).tolist() for n in (9, 12, 7, 12, 10)]
+    masks = [[0] * 4 + [1] * (len(s) - 4) for s in seqs]
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.75])
+    after = []
+    for micro in (0, 2):
+        model = tiny_llama(tok.vocab_size, seed=3)
+        batch = make_batch(seqs, masks, None, tok.pad_token_id)
+        with torch.no_grad():
+            batch.old_logp = token_logprobs(model, batch) * batch.loss_mask + 0.05 * batch.loss_mask
+        metrics = Trainer(model, lr=1e-2, micro_batch=micro).step(batch, PolicyObjective(PolicyLoss(agg=agg), advantages))
+        after.append(([p.grad.clone() for p in model.parameters()], metrics))     # what the step used
+    (one, m_one), (parts, m_parts) = after
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-8) for a, b in zip(one, parts))
+    assert m_parts["loss"] == pytest.approx(m_one["loss"], abs=1e-6)
+    assert m_parts["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-5)

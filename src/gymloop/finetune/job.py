@@ -28,6 +28,7 @@ class Hyper:
     max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer
     eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
     eval_samples: int = 100               # reinforcement: held-out prompts evaluated
+    micro_batch_size: int = 0             # reinforcement: answers per forward/backward (0: all at once)
 
     @property
     def compute_multiplier(self) -> float:
@@ -76,6 +77,7 @@ def _reinforcement(h: Hyper, pick: Pick, given: dict) -> None:
     h.max_new_tokens = int(pick("max_new_tokens", 16))
     h.eval_interval = int(pick("eval_interval", 0))
     h.eval_samples = int(pick("eval_samples", 100))
+    h.micro_batch_size = int(pick("micro_batch_size", h.micro_batch_size))
     if h.group_size < 2:
         raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
 
@@ -95,7 +97,7 @@ METHOD_HYPER = {
     "supervised": MethodHyper(1.0),
     "dpo": MethodHyper(0.1, ("beta", "length_normalize", "reference_free", "sft_weight"), _dpo),
     "reinforcement": MethodHyper(0.2, ("compute_multiplier", "group_size", "max_new_tokens", "eval_interval",
-                                       "eval_samples"), _reinforcement),
+                                       "eval_samples", "micro_batch_size"), _reinforcement),
 }
 
 
@@ -112,7 +114,8 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
     if batch < 1 or epochs < 1 or multiplier <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
     lr = base_rate(n_params, given.get("lora") is not None) * multiplier
-    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier)
+    h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier,
+              micro_batch_size=0 if (n_params or 0) <= SMALL_MODEL else 4)   # a real model's logits are large
     if given.get("lora") is not None:
         h.lora = lora.LoraOptions(**given["lora"]).model_dump()
     if spec.resolve is not None:

@@ -75,7 +75,7 @@ def run_config(run: JobRun, env: GradedEnv, total: int) -> TrainConfig:
         sampling={"temperature": 1.0, "max_new_tokens": hp.max_new_tokens},
         grpo={"steps": total, "prompts_per_step": hp.batch_size, "group_size": hp.group_size,
               "lr": hp.learning_rate, "warmup_steps": min(10, total // 10), "betas": (0.9, 0.999),
-              "lora": hp.lora},
+              "lora": hp.lora, "micro_batch": hp.micro_batch_size},
         eval={"tasks": min(hp.eval_samples, len(env.tasks("heldout"))), "every": hp.eval_interval,
               "max_new_tokens": hp.max_new_tokens},
         resume_from=str(run.resume) if run.resume else None)

@@ -109,7 +109,7 @@ def _trainer(cfg: TrainConfig, model):
     g = cfg.grpo
     kwargs = dict(lr=g.lr, weight_decay=g.weight_decay, warmup_steps=g.warmup_steps,
                   max_grad_norm=g.max_grad_norm, ref_model=g.beta > 0, betas=g.betas,
-                  min_lr_ratio=g.min_lr_ratio, train_only=tuple(g.train_only),
+                  min_lr_ratio=g.min_lr_ratio, train_only=tuple(g.train_only), micro_batch=g.micro_batch,
                   decay_steps=g.steps * g.epochs * g.minibatches if g.lr_schedule == "cosine" else None)
     if cfg.cluster.trainers:
         from ..cluster.ray_trainer import TrainerGroup

@@ -70,12 +70,18 @@ class PolicyObjective:
         # the trainer's own weights before this step: the decoupled-PPO proximal policy
         self.prox_logp = token_logprobs(model, batch, self.temperature) if self.loss.needs_proximal else None
 
-    def __call__(self, model, mb: TokenBatch, rows: torch.Tensor) -> Step:
+    def count(self, mb: TokenBatch) -> float:
+        """What the loss of `mb` is divided by (its trained tokens or sequences, across ranks):
+        given to each of its micro-batches, their summed gradients are the whole one's."""
+        n = _global_count(mb, self.loss.agg)
+        return n if n is not None else float(AGGREGATIONS.impl(self.loss.agg).count(mb.loss_mask.float()).clamp(min=1))
+
+    def __call__(self, model, mb: TokenBatch, rows: torch.Tensor, normalizer: float | None = None) -> Step:
         logp, aux = logprobs_and_aux(model, mb, self.temperature)
         value, m = self.loss(logp, mb.old_logp, self.advantages[rows], mb.loss_mask,
                              proximal_logp=None if self.prox_logp is None else self.prox_logp[rows],
                              ref_logp=None if self.ref_logp is None else self.ref_logp[rows],
-                             normalizer=_global_count(mb, self.loss.agg))
+                             normalizer=normalizer if normalizer is not None else _global_count(mb, self.loss.agg))
         return value, m, aux
 
 

@@ -58,17 +58,19 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], spec: OptimSpec
     return opt, sched
 
 
-def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor,
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor | None,
                    max_grad_norm: float, reduce=None) -> torch.Tensor:
     """One update: backward, `reduce(model)` (data parallel: sum gradients across ranks), clip
-    to `max_grad_norm`, step the optimizer and the schedule. Returns the gradient norm.
+    to `max_grad_norm`, step the optimizer and the schedule. Returns the gradient norm. `loss`
+    None: the gradients are already there (accumulated over micro-batches by the caller).
 
     A fused Adam(W) divides the gradients by its `grad_scale` as it reads them, the hook torch's
     GradScaler uses: clipping goes there instead of a pass of its own over every gradient
     (clip_grad_norm_'s multiply; ~2% of a nano SFT step). Same update up to rounding
     (g / (norm / max) instead of g * (max / norm))."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
+    if loss is not None:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
     if reduce is not None:
         reduce(model)
     if opt.defaults.get("fused"):

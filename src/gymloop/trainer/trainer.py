@@ -95,8 +95,12 @@ class Trainer:
                  warmup_steps: int = 0, max_grad_norm: float = 1.0,
                  ref_model: bool | torch.nn.Module = False,
                  betas: tuple[float, float] = (0.9, 0.99), decay_steps: int | None = None,
-                 min_lr_ratio: float = 0.1, train_only: Sequence[str] = (), fused: bool = False) -> None:
+                 min_lr_ratio: float = 0.1, train_only: Sequence[str] = (), fused: bool = False,
+                 micro_batch: int = 0) -> None:
         self.model = model
+        # rows per forward/backward of a policy objective (0: a minibatch at once); gradients are
+        # summed over the parts, so the update is the same and the memory that of one part
+        self.micro_batch = micro_batch
         route_linears(model)                    # its products through oneDNN where MKL runs AVX2 (engine/gemm.py)
         self.spec = OptimSpec(lr=lr, betas=tuple(betas), weight_decay=weight_decay, warmup_steps=warmup_steps,
                               decay_steps=decay_steps, min_lr_ratio=min_lr_ratio, max_grad_norm=max_grad_norm,
@@ -135,6 +139,12 @@ class Trainer:
         for _ in range(epochs):
             for idx in _minibatches(len(batch), minibatches, gen, device):
                 mb = batch if minibatches == 1 else batch.select(idx)
+                if self.micro_batch and len(mb) > self.micro_batch and hasattr(objective, "count"):
+                    m = self._accumulated(objective, mb, torch.arange(len(batch), device=device)[idx])
+                    for k, v in m.items():
+                        agg[k] = agg.get(k, 0.0) + v
+                    count += 1
+                    continue
                 value, m, aux = objective(self.model, mb, idx)
                 if aux is not None:       # MoE: the router's load-balancing loss, as in pre-training
                     # each rank's is a mean over its own tokens: summed gradients count it once
@@ -149,7 +159,30 @@ class Trainer:
             self.model.eval()
         return {k: v / count for k, v in agg.items()}
 
-    def _apply(self, loss: torch.Tensor) -> float:
+    def _accumulated(self, objective, mb: TokenBatch, rows: torch.Tensor) -> dict:
+        """One update of a policy objective on `mb` [N, L] from parts of `micro_batch` rows: each
+        part's loss divided by the whole minibatch's count, the gradients summed, then one step.
+        Metrics: the loss summed, ratio_max the largest, the others weighted by trained tokens."""
+        total = objective.count(mb)
+        parts = torch.arange(len(mb), device=rows.device).split(self.micro_batch)
+        tokens = mb.loss_mask.sum().clamp(min=1)
+        self.opt.zero_grad(set_to_none=True)
+        out: dict[str, float] = {}
+        for part in parts:
+            sub = mb.select(part)
+            value, m, aux = objective(self.model, sub, rows[part], normalizer=total)
+            if aux is not None:
+                value = value + aux * len(part) / len(mb) / (torch.distributed.get_world_size() if distributed() else 1)
+                m["router_aux_loss"] = aux.item()
+            value.backward()
+            share = float(sub.loss_mask.sum() / tokens)
+            for k, v in m.items():
+                out[k] = (out.get(k, 0.0) + v if k == "loss" else max(out.get(k, v), v) if k == "ratio_max"
+                          else out.get(k, 0.0) + v * share)
+        out["grad_norm"] = self._apply(None)
+        return out
+
+    def _apply(self, loss: torch.Tensor | None) -> float:
         # FSDP reduce-scattered the gradients in backward; whole replicas sum them here
         norm = optimizer_step(self.model, self.opt, self.sched, loss, self.max_grad_norm,
                               reduce=None if self.sharded else _all_reduce_grads)
