@@ -2,6 +2,7 @@
 fine-tuning API with the official `openai` client, against a real `gymloop serve --model smollm2`.
 
     python bench/smollm2_tools_bench.py [--sft-rows 200] [--rft-rows 64] [--heldout 100] [--sets 3]
+                                        [--sft-model DIR]   (RFT only, from an SFT'd model's directory)
 
 The task is the `calls` environment: a request and three tools (OpenAI function schemas in the
 request's `tools`); the reply must call the right one with the right arguments. Held-out prompts
@@ -84,6 +85,21 @@ def promote(admin: OpenAI, job_id: str, tasks: int) -> dict:
         "env": {"name": "calls"}, "eval_tasks": tasks, "max_new_tokens": 48, "gate": {"delta": 0.0}})
 
 
+def sft_stage(client: OpenAI, env, sets, args, lora: dict, out: dict) -> dict:
+    """The base's scores, then the SFT job on demonstrations, its scores and its promotion."""
+    out["base"] = [score(client, "smollm2", env, s) for s in sets]
+    print("base", out["base"], flush=True)
+    sft_rows = [demonstration(env, t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
+    job, sec = common.run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
+        "hyperparameters": {"lora": lora}}}, "calls-sft")
+    out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens,
+                      "hyperparameters": job.hyperparameters.model_dump()}
+    out["sft"] = [score(client, job.fine_tuned_model, env, s) for s in sets]
+    out["sft_promotion"] = promote(client, job.id, args.gate_tasks)
+    print("sft", out["sft"], out["sft_promotion"].get("why"), flush=True)
+    return {"base": "smollm2", "sft": job.fine_tuned_model}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sft-rows", type=int, default=200)
@@ -93,29 +109,26 @@ def main() -> None:
     ap.add_argument("--sets", type=int, default=3, help="held-out sets (seeds 1..sets)")
     ap.add_argument("--gate-tasks", type=int, default=50)
     ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--sft-model", help="skip the base and SFT stages: serve this SFT'd model (a job's final "
+                    "directory) as the base and run the RFT stage from it")
     args = ap.parse_args()
     torch.set_num_threads(2)
     env = make_env("calls")
     sets = [env.sample_tasks(args.heldout, "heldout", seed) for seed in range(1, args.sets + 1)]
     root = Path(tempfile.mkdtemp())
-    cfg = ServeConfig(model="smollm2", model_name="smollm2", db=str(root / "store.db"), api_keys=[KEY],
+    served = args.sft_model or "smollm2"
+    cfg = ServeConfig(model=served, model_name="smollm2", db=str(root / "store.db"), api_keys=[KEY],
                       admin_keys=[ADMIN], jobs_dir=str(root / "jobs"), max_tokens_limit=64)
     lora = {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}
     out: dict = {"settings": vars(args)}
     with serving(cfg) as (base, _, store):
         client = OpenAI(base_url=base + "/v1", api_key=ADMIN, max_retries=0, timeout=600)
-        models = {"base": "smollm2"}
-        out["base"] = [score(client, "smollm2", env, s) for s in sets]
-        print("base", out["base"], flush=True)
-
-        sft_rows = [demonstration(env, t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
-        job, sec = common.run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
-            "hyperparameters": {"lora": lora}}}, "calls-sft")
-        models["sft"] = job.fine_tuned_model
-        out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens, "hyperparameters": job.hyperparameters.model_dump()}
-        out["sft"] = [score(client, job.fine_tuned_model, env, s) for s in sets]
-        out["sft_promotion"] = promote(client, job.id, args.gate_tasks)
-        print("sft", out["sft"], out["sft_promotion"].get("why"), flush=True)
+        if args.sft_model:
+            models = {"sft": "smollm2"}
+            out["sft"] = [score(client, "smollm2", env, s) for s in sets]
+            print("sft (given)", out["sft"], flush=True)
+        else:
+            models = sft_stage(client, env, sets, args, lora, out)
 
         rft_rows = [{"messages": list(t.prompt), "tools": env.tools(t), "expected": t.answer}
                     for t in env.sample_tasks(args.rft_rows, "train", seed=7)]
@@ -132,7 +145,7 @@ def main() -> None:
 
     rows = [["model", "correct calls (mean of sets)", "per set", "valid calls", "job seconds", "trained tokens",
              "promoted"]]
-    for key in ("base", "sft", "rft"):
+    for key in [k for k in ("base", "sft", "rft") if k in out]:
         per = [s["correct"] for s in out[key]]
         job = out.get(f"{key}_job", {})
         promo = out.get(f"{key}_promotion")
