@@ -194,6 +194,25 @@ def test_bad_requests_are_4xx_and_change_nothing(server, send, status, needle):
     assert httpx.get(server["base"] + "/healthz").status_code == 200
 
 
+@pytest.mark.parametrize("path,body,status,needle", [
+    # what schemathesis found: each answered as its schema says, never a 500
+    ("/v1/completions", {"model": "tiny", "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": ["1+1=", "2+2="]}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "1+1=", "stream": True}, 400, "stream"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "stream": 0}, 400, "stream"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": 2,
+                       "tools": [{"type": "function", "name": "f"}]}, 200, ""),
+    ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "1"}]}, 200, ""),
+])
+def test_schema_valid_requests_are_answered_and_invalid_ones_refused(server, path, body, status, needle):
+    r = httpx.post(server["base"] + path, headers={"Authorization": f"Bearer {KEY}"}, json=body)
+    assert r.status_code == status, r.text
+    assert status == 200 or needle in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body,status,needle", [
     ({"trace_id": "trace-unknown", "reward": 1.0}, 404, "unknown trace id"),
     ({"trace_id": "x", "reward": 1.5}, 400, "reward"),

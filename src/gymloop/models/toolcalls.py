@@ -42,7 +42,7 @@ TOOLS_PROMPT = (
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: dict
+    arguments: dict | str     # a string only for arguments that are not JSON (an earlier turn as written)
 
 
 @dataclass
@@ -107,15 +107,26 @@ def openai_tool_calls(calls: Sequence[ToolCall]) -> list[dict]:
 
 
 def _call_of(tc: dict) -> ToolCall:
-    """An OpenAI tool call (arguments a JSON string or an object) as a ToolCall."""
+    """An OpenAI tool call (arguments a JSON string or an object) as a ToolCall; arguments that
+    are not JSON (a model may have written them) are kept as the string they are."""
     fn = tc.get("function", tc)
     args = fn.get("arguments") or {}
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
-            raise ValueError(f"arguments of tool call {fn.get('name')!r} are not JSON") from None
+            pass
     return ToolCall(fn["name"], args)
+
+
+def _schema(tool: dict) -> dict:
+    """A tool as {"type": "function", "function": {..., "parameters"}}: a flat one (the Responses
+    API's) nested, and parameters without properties given an empty object's, so every template
+    can read them."""
+    fn = dict(tool.get("function", {k: v for k, v in tool.items() if k != "type"}))
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    fn["parameters"] = {"type": "object", **params, "properties": params.get("properties") or {}}
+    return {"type": "function", "function": fn}
 
 
 def call_text(content: str | None, tool_calls: Sequence[dict]) -> str:
@@ -171,8 +182,9 @@ def for_template(messages: Sequence[dict], tools: Sequence[dict] | None,
         if m["role"] == "tool" and not support.tool_calls:
             m = {"role": "tool", "content": _wrapped(m["content"])}
         out.append(m)
+    tools = [_schema(t) for t in tools or ()]
     if not tools or support.tools:
-        return out, list(tools) if tools else None
+        return out, tools or None
     block = tools_prompt(tools)
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block}

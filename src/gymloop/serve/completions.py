@@ -4,10 +4,11 @@ completion's. Streaming is not offered here (a 400 says so)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from ..engine import SamplingParams
@@ -19,12 +20,19 @@ from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
 
 
+def _not_streamed(stream: bool) -> bool:
+    if stream:
+        raise ValueError("stream is not offered on /v1/completions (use /v1/chat/completions)")
+    return stream
+
+
 class CompletionRequest(BaseModel):
     """The subset of OpenAI's completion request gymloop acts on; other fields are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     model: str
-    prompt: str | list[str] = Field(description="The text to continue (a list: one string).")
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(
+        min_length=1, max_length=1)] = Field(description="The text to continue (a list: exactly one string).")
     max_tokens: json_int(1) | None = 16
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -33,7 +41,8 @@ class CompletionRequest(BaseModel):
     seed: json_int() | None = None
     logprobs: json_int(0, 5) | None = Field(None, description="Log-probs of each generated token, and of the "
                                               "k most likely tokens at each position.")
-    stream: bool = False
+    stream: Annotated[StrictBool, AfterValidator(_not_streamed), WithJsonSchema({"type": "boolean", "const": False})] = \
+        Field(False, description="Not offered here (false only): stream with /v1/chat/completions.")
 
 
 def _logprobs(tok, gen, k: int) -> dict:
@@ -50,11 +59,7 @@ def _logprobs(tok, gen, k: int) -> dict:
 
 
 async def _prepare(svc: Services, req: CompletionRequest, who: Caller) -> Prepared:
-    if req.stream:
-        raise APIError(400, "stream is not offered on /v1/completions (use /v1/chat/completions)", param="stream")
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    if len(prompts) != 1:
-        raise APIError(400, "prompt: one string per request (a list holds exactly one)", param="prompt")
     batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
                           else await run_in_threadpool(svc.served, req.model, who.tenant))
     check_token_limits(svc.cfg, req, ("max_tokens",))

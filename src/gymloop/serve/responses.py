@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import json
 import time
-from typing import Any, AsyncIterator, Literal
+from typing import Annotated, Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -33,7 +33,7 @@ from .services import Caller, Services, caller, services
 
 
 class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
@@ -45,13 +45,45 @@ class FunctionTool(BaseModel):
         return {**self.model_dump(exclude_none=True), "parameters": self.parameters, "strict": self.strict}
 
 
-class ResponseRequest(BaseModel):
-    """The subset of OpenAI's CreateResponse gymloop acts on; other fields are accepted and ignored."""
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str = Field(description="input_text or output_text (others: their text, when they have one).")
+    text: str = ""
 
-    model_config = ConfigDict(extra="allow")
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made (an earlier turn, as the Agents SDK sends it back)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = Field(description="The arguments as a JSON object, written as a string.")
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+
+
+class ResponseRequest(BaseModel):
+    """The subset of OpenAI's CreateResponse gymloop acts on; other fields are accepted and ignored.
+    Strict: a value of the wrong JSON type (0 for false) is a 400, not silently converted."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str
-    input: str | list[dict[str, Any]] = Field(description="Text (one user message) or input items: messages "
-                                                "({role, content}), function_call and function_call_output.")
+    input: str | Annotated[list[MessageItem | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)] = Field(
+        description="Text (one user message) or input items: messages ({role, content}), function_call and "
+        "function_call_output.")
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: Literal["none", "auto", "required"] | dict | None = Field(
@@ -120,7 +152,8 @@ def conversation(svc: Services, req: ResponseRequest, who: Caller) -> list[dict]
         before = [m for m in prev["request"]["gymloop_messages"] if m["role"] not in ("system", "developer")]
         before += item_messages([_as_input(item) for item in prev["response"]["output"]])
     head = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    return head + before + item_messages(req.input)
+    return head + before + item_messages(req.input if isinstance(req.input, str) else
+                                         [item.model_dump() for item in req.input])
 
 
 def _as_input(item: dict) -> dict:
@@ -260,8 +293,11 @@ async def stream_events(svc: Services, p: Prepared, messages: list[dict]) -> Asy
 def responses_router(cfg: ServeConfig) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/responses", openapi_extra=json_body(ResponseRequest, {"model": {"enum": [cfg.served_name()]}}),
-                 responses=error_responses(400, 401, 404, 413))
+    @router.post("/v1/responses", openapi_extra=json_body(ResponseRequest, {"model": {"enum": [cfg.served_name()]},
+                                                                   "max_output_tokens": {"maximum": cfg.max_tokens_limit}}),
+                 responses={200: {"description": "a response, or with stream: true a text/event-stream of its events",
+                                  "content": {"application/json": {}, "text/event-stream": {}}},
+                            **error_responses(400, 401, 404, 413)})
     async def create(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
         req: ResponseRequest = await svc.body(request, ResponseRequest)
         p, messages = await _prepare(svc, req, who)
