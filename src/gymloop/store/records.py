@@ -54,6 +54,7 @@ class ModelVersion(TypedDict):
     created: float
     status: str                      # candidate | promoted | rejected | rolled_back
     scores: dict[str, float]         # suite -> pass@1 at the gate
+    promoted_at: float | None        # when it was (last) promoted; None: never
 
 
 class Round(TypedDict):
@@ -153,3 +154,17 @@ class Checkpoint(TypedDict):
     path: str
     model_id: str
     metrics: dict[str, Any]
+
+
+class Replica(TypedDict):
+    """A serving replica's latest heartbeat (a fleet's replicas write one every few seconds)."""
+    id: str
+    fleet: str
+    host: str
+    pid: int
+    started: float
+    seen: float                      # when it last wrote this row
+    version: int                     # the model version it answers with
+    version_since: float             # when it started answering with it
+    in_flight: int                   # HTTP requests it was answering
+    answered: int                    # requests it answered since it started

@@ -78,6 +78,15 @@ class Traces:
                       ("request", "response"))
 
     # --- feedback ------------------------------------------------------------------------------
+    def existing(self, trace_ids: list[str]) -> set[str]:
+        """Which of `trace_ids` the store holds (a fleet's audit: no answered request may lack one)."""
+        found: set[str] = set()
+        for i in range(0, len(trace_ids), 500):
+            chunk = trace_ids[i:i + 500]
+            q = f"SELECT id FROM traces WHERE id IN ({', '.join('?' * len(chunk))})"
+            found.update(r[0] for r in self.db.read().execute(q, chunk).fetchall())
+        return found
+
     def add_feedback(self, trace_id: str, *, reward: float | None = None, label: str | None = None,
                      env: str | None = None, env_version: int | None = None, task_id: str | None = None) -> int:
         if reward is None and label is None:

@@ -21,9 +21,11 @@ class Versions:
 
     def add(self, path: str, parent: int | None, status: str = "candidate", scores: dict | None = None) -> int:
         with self.db.tx() as c:
-            version = c.execute("INSERT INTO model_versions (parent, path, created, status, scores) "
-                                "VALUES (?,?,?,?,?) RETURNING version",
-                                (parent, path, time.time(), status, json.dumps(scores or {}))).fetchone()[0]
+            now = time.time()
+            version = c.execute("INSERT INTO model_versions (parent, path, created, status, scores, promoted_at) "
+                                "VALUES (?,?,?,?,?,?) RETURNING version",
+                                (parent, path, now, status, json.dumps(scores or {}),
+                                 now if status == "promoted" else None)).fetchone()[0]
             self.db.notify(c, PROMOTIONS)
             return int(version)
 
@@ -32,6 +34,8 @@ class Versions:
             if c.execute("SELECT 1 FROM model_versions WHERE version = ?", (version,)).fetchone() is None:
                 raise NotFound(f"unknown model version {version}")
             c.execute("UPDATE model_versions SET status = ? WHERE version = ?", (status, version))
+            if status == "promoted":
+                c.execute("UPDATE model_versions SET promoted_at = ? WHERE version = ?", (time.time(), version))
             if scores is not None:
                 c.execute("UPDATE model_versions SET scores = ? WHERE version = ?", (json.dumps(scores), version))
             self.db.notify(c, PROMOTIONS)
@@ -59,7 +63,8 @@ class Versions:
                                "only a version that passed the gate can be served again")
             c.execute("UPDATE model_versions SET status = 'rolled_back' WHERE version > ? AND status = 'promoted'",
                       (version,))
-            c.execute("UPDATE model_versions SET status = 'promoted' WHERE version = ?", (version,))
+            c.execute("UPDATE model_versions SET status = 'promoted', promoted_at = ? WHERE version = ?",
+                      (time.time(), version))
             self.db.notify(c, PROMOTIONS)
 
     # --- a loop's runs and rounds ------------------------------------------------------------------

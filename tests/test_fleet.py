@@ -1,0 +1,181 @@
+"""The serving fleet: replicas' heartbeats and the audit on both store back-ends, the in-flight
+count, and end to end `gymloop fleet up --replicas 2 --embedded-db` (real Ray Serve, real
+PostgreSQL, the openai client): traffic while a version is promoted and a replica is SIGKILLed,
+then every answered request's trace is in the store and no unpromoted version answered."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from gymloop.fleet.audit import audit, rollout_seconds
+from gymloop.store import Store
+
+
+def _replica(rid: str, version: int = 0, **kw) -> dict:
+    now = time.time()
+    return {"id": rid, "fleet": "f", "host": "h", "pid": 1, "started": now, "seen": now, "version": version,
+            "version_since": now, "in_flight": 0, "answered": 0, **kw}
+
+
+def test_replica_heartbeats_and_the_audit(store_target):
+    store = Store(store_target)
+    store.replicas.beat(_replica("a"))
+    store.replicas.beat(_replica("b"))
+    store.replicas.beat(_replica("a", in_flight=3))                 # a heartbeat replaces the row
+    assert sorted((r["id"], r["in_flight"]) for r in store.replicas.list(fleet="f")) == [("a", 3), ("b", 0)]
+    assert store.replicas.list(fleet="other") == []
+    v1 = store.versions.add("/m1", parent=None, status="promoted")
+    v2 = store.versions.add("/m2", parent=None)                       # a candidate: never served
+    assert store.versions.get(v1)["promoted_at"] is not None and store.versions.get(v2)["promoted_at"] is None
+    assert rollout_seconds(store, "f", v1) is None                      # no replica serves v1 yet
+    for rid in ("a", "b"):
+        store.replicas.beat(_replica(rid, version=v1))
+    assert rollout_seconds(store, "f", v1) >= 0
+    t = store.traces.add(model="m", model_version=v1, request={}, response={}, prompt_tokens=1,
+                         completion_tokens=1, latency_s=0.1)
+    report = audit(store, [(t, v1), ("chatcmpl-missing", v1), (t, v2)])
+    assert report["answered"] == 3 and report["lost"] == 1 and report["unpromoted"] == [v2]
+    assert report["versions"] == {str(v1): 2, str(v2): 1}
+    store.replicas.remove("a")
+    assert store.replicas.forget("f") == 1 and store.count("replicas") == 0
+
+
+def test_in_flight_counts_a_request_until_its_last_byte():
+    """The in-flight count (/metrics' gymloop_requests_in_flight, the heartbeat's in_flight) holds
+    a streamed answer until its last body message is sent, and a failed one until it fails;
+    other paths (/healthz, /metrics) are not counted."""
+    import asyncio
+
+    from gymloop.serve.metrics import InFlight
+
+    class Metrics:
+        in_flight = 0
+
+    seen: list[int] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        seen.append(metrics.in_flight)                  # between the chunks: still in flight
+        if scope["path"] == "/v1/fail":
+            raise RuntimeError("the engine died")
+        await send({"type": "http.response.body", "body": b"b"})
+        seen.append(metrics.in_flight)                  # after the last one: done
+
+    async def send(message):
+        pass
+
+    async def call(path: str) -> None:
+        await InFlight(app, metrics)({"type": "http", "path": path}, None, send)
+
+    metrics = Metrics()
+    asyncio.run(call("/v1/chat/completions"))
+    assert seen == [1, 0] and metrics.in_flight == 0
+    with pytest.raises(RuntimeError):
+        asyncio.run(call("/v1/fail"))
+    assert seen[2:] == [1] and metrics.in_flight == 0
+    asyncio.run(call("/healthz"))
+    assert seen[3:] == [0, 0]
+
+
+def _gymloop(*args: str, timeout: float = 300) -> str:
+    out = subprocess.run([sys.executable, "-m", "gymloop.cli", *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stdout
+
+
+def _perturbed_copy(src: Path, dst: Path) -> Path:
+    """Another version of the same model (its weights nudged): what a promotion would bring."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    g = torch.Generator().manual_seed(7)
+    save_file({k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+               for k, v in weights.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.slow
+def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, tiny_model_dir):
+    import openai
+
+    state, port = tmp_path / "fleet", free_port()
+    common = ["--state-dir", str(state)]
+    _gymloop("fleet", "up", "--replicas", "2", "--workers", "0", "--embedded-db", "--model", str(tiny_model_dir),
+             "--model-name", "tiny", "--api-key", "sk-fleet", "--port", str(port), *common)
+    try:
+        st = json.loads(_gymloop("fleet", "status", "--json", *common))
+        assert len(st["replicas"]) == 2 and all(r["healthy"] for r in st["replicas"])
+        assert st["serve"]["status"] == "RUNNING"
+        store = Store(st["db"])
+        client = openai.OpenAI(base_url=st["url"], api_key="sk-fleet", max_retries=0, timeout=60)
+        answered, failed, stop = [], [], threading.Event()
+
+        def user(i: int) -> None:
+            while not stop.is_set():
+                try:
+                    r = client.chat.completions.with_raw_response.create(
+                        model="tiny", messages=[{"role": "user", "content": f"{i} hello"}], max_tokens=8)
+                    answered.append((r.headers["x-gymloop-trace-id"], int(r.headers["x-gymloop-model-version"]),
+                                     time.time()))
+                except openai.APIError as exc:
+                    failed.append((type(exc).__name__, time.time()))
+
+        users = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(4)]
+        for u in users:
+            u.start()
+        time.sleep(3)
+        promoted = json.loads(_gymloop("models", "add", str(_perturbed_copy(tiny_model_dir, tmp_path / "v1")),
+                                       "--promote", "--db", st["db"]))["version"]
+        rollout = _wait(lambda: rollout_seconds(store, "gymloop", promoted), 60)
+        killed = st["replicas"][0]["pid"]
+        kill_time = time.time()
+        os.kill(killed, signal.SIGKILL)
+        # Ray Serve replaces it; the new replica starts on the promoted version
+        _wait(lambda: _replaced(store, killed, promoted), 120)
+        time.sleep(2)
+        stop.set()
+        for u in users:
+            u.join(60)
+        report = audit(store, [(t, v) for t, v, _ in answered])
+        print(f"fleet: {len(answered)} answered, {len(failed)} failed (after the kill), roll-out {rollout:.2f} s")
+        assert report["lost"] == 0 and report["unpromoted"] == []
+        assert str(promoted) in report["versions"]
+        assert all(t >= kill_time for _, t in failed), failed         # failures only once a replica died
+        assert any(t > kill_time for *_, t in answered)                # and the fleet answered after it
+        assert rollout >= 0
+        st = json.loads(_gymloop("fleet", "status", "--json", *common))
+        assert [r["version"] for r in st["replicas"] if r["healthy"]] == [promoted, promoted]
+        assert killed not in {r["pid"] for r in st["replicas"] if r["healthy"]}
+    finally:
+        _gymloop("fleet", "down", *common)
+    assert not (state / "fleet.json").exists()
+
+
+def _replaced(store: Store, killed: int, version: int) -> bool:
+    """Two live replicas (a heartbeat within 3 s), the killed one not among them, both on `version`."""
+    live = store.replicas.list(fleet="gymloop", seen_within_s=3.0)
+    return len(live) == 2 and killed not in {r["pid"] for r in live} and all(r["version"] == version for r in live)
+
+
+def _wait(check, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout_s} s")
