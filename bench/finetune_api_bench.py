@@ -2,7 +2,7 @@
 `gymloop serve` of the nano base, jobs run by the server's worker, scores measured through chat
 completions on held-out prompts (greedy), base vs the fine-tuned model.
 
-    python bench/finetune_api_bench.py [--model nano] [--sft-rows 4000] [--dpo-rows 2000] [--heldout 300]
+    python bench/finetune_api_bench.py [--model nano [nano:seed=1 ...]] [--sft-rows 4000] [--dpo-rows 2000] [--heldout 300]
                                        [--only sft dpo rft] [--auto]
 
 --auto sends no hyper-parameters at all (every one "auto": what the service picks for the model,
@@ -45,7 +45,8 @@ def score(client: OpenAI, model: str, env, tasks) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="nano")
+    ap.add_argument("--model", nargs="+", default=["nano"], help="the base(s) served; each gets its own server, "
+                    "jobs and table")
     ap.add_argument("--sft-rows", type=int, default=4000)
     ap.add_argument("--dpo-rows", type=int, default=2000)
     ap.add_argument("--heldout", type=int, default=300)
@@ -62,8 +63,24 @@ def main() -> None:
     args = ap.parse_args()
     only = set(args.only or ["sft", "dpo", "rft"])
     torch.set_num_threads(1)
+    out: dict = {}
+    summary = [["base", *(f"{k.upper()}: base -> fine-tuned" for k in ("sft", "dpo", "rft") if k in only)]]
+    for model in args.model:
+        out[model] = one_base(model, args, only)
+        summary.append([model, *(f"{out[model][k]['base']:.1%} -> {out[model][k]['after']:.1%} "
+                                 f"({100 * (out[model][k]['after'] - out[model][k]['base']):+.1f})"
+                                 for k in ("sft", "dpo", "rft") if k in only)])
+    if len(args.model) > 1:
+        print(common.table(summary, title="every base" + (" (auto hyper-parameters)" if args.auto else "")))
+    tag = "" if args.model == ["nano"] or len(args.model) > 1 else "_" + args.model[0].replace(":", "_").replace("=", "")
+    common.save("finetune_api_bench" + tag + ("" if len(only) == 3 else "_" + "_".join(sorted(only)))
+                + ("_auto" if args.auto else ""), out if len(args.model) > 1 else out[args.model[0]])
+
+
+def one_base(model: str, args, only: set[str]) -> dict:
+    """Serve `model`, run the jobs on it, print its table; what they measured."""
     root = Path(tempfile.mkdtemp())
-    cfg = ServeConfig(model=args.model, model_name="nano", db=str(root / "store.db"), api_keys=[KEY],
+    cfg = ServeConfig(model=model, model_name="nano", db=str(root / "store.db"), api_keys=[KEY],
                       jobs_dir=str(root / "jobs"), max_tokens_limit=64)
     out: dict = {}
     rows = [["job", "held-out task", "base", "fine-tuned", "change", "trained tokens", "job seconds", "dollars"]]
@@ -75,13 +92,12 @@ def main() -> None:
             dpo_job(client, store, args, rows, out)
         if "rft" in only:
             rft_job(client, store, args, rows, out)
-    print(f"\nfine-tuning through the API ({args.model}; {args.heldout} held-out prompts, greedy, via chat completions)")
+    title = f"fine-tuning through the API ({model}; {args.heldout} held-out prompts, greedy, via chat completions)"
+    print("\n" + title)
     for line in out.get("settings", []):
         print("  " + line)
-    print(common.table(rows))
-    tag = "" if args.model == "nano" else "_" + args.model.replace(":", "_").replace("=", "")
-    common.save("finetune_api_bench" + tag + ("" if len(only) == 3 else "_" + "_".join(sorted(only)))
-                + ("_auto" if args.auto else ""), out)
+    print(common.table(rows, title=title))
+    return out
 
 
 def method(args, kind: str, hyper: dict, **fields) -> dict:

@@ -112,7 +112,7 @@ def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> di
     common_args = ["--state-dir", str(state)]
     t0 = time.time()
     gymloop("fleet", "up", "--replicas", str(replicas), "--workers", "0", "--embedded-db", "--model", model,
-            "--api-key", KEY, "--port", str(port), *common_args)
+            "--api-key", KEY, "--port", str(port), "--jobs-dir", str(work / "jobs"), *common_args)
     up_s = time.time() - t0
     st = json.loads(gymloop("fleet", "status", "--json", *common_args))
     store = Store(st["db"])

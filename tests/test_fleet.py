@@ -119,7 +119,8 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
     state, port = tmp_path / "fleet", free_port()
     common = ["--state-dir", str(state)]
     _gymloop("fleet", "up", "--replicas", "2", "--workers", "1", "--embedded-db", "--model", str(tiny_model_dir),
-             "--model-name", "tiny", "--api-key", "sk-fleet", "--port", str(port), *common)
+             "--model-name", "tiny", "--api-key", "sk-fleet", "--port", str(port), "--jobs-dir", str(tmp_path / "jobs"),
+             *common)
     try:
         st = json.loads(_gymloop("fleet", "status", "--json", *common))
         assert len(st["replicas"]) == 2 and all(r["healthy"] for r in st["replicas"])

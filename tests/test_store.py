@@ -168,3 +168,27 @@ def test_a_promotion_is_announced_and_everything_survives_reopening(store, store
     again = Store(store_target)
     assert again.versions.promoted()["version"] == v and again.schema_version == schema
     again.close()
+
+
+def test_a_lost_listen_connection_is_a_missed_wait_then_listens_again(postgres_server):
+    """The server drops the follower's LISTEN connection (a restart, a failover): that wait ends
+    as a timeout instead of killing the follower, and the next wait hears promotions again."""
+    import threading
+
+    import psycopg
+
+    store = Store(postgres_server())
+    store.wait_for_promotion(timeout=0.01)                       # listening
+    with psycopg.connect(store.url, autocommit=True) as admin:
+        killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE query LIKE 'LISTEN%'").fetchall()
+    assert killed == [(True,)]
+    assert store.wait_for_promotion(timeout=0.05) is False       # the lost connection, not an exception
+    store.wait_for_promotion(timeout=0.01)                       # listening again
+    heard: list[bool] = []
+    listener = threading.Thread(target=lambda: heard.append(store.wait_for_promotion(timeout=30)))
+    store.versions.add("/m", None, "promoted")
+    listener.start()
+    listener.join()
+    assert heard == [True]
+    store.close()

