@@ -27,7 +27,7 @@ class Hyperparameters(BaseModel):
     learning_rate_multiplier: Annotated[float, Field(gt=0, le=1000)] | Auto | None = None
     beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = Field(None, description="dpo: the KL weight.")
     sft_weight: Annotated[float, Field(ge=0, le=100)] | Auto | None = Field(
-        None, description="dpo: weight of an NLL term on the preferred answer (RPO).")
+        None, description="dpo: weight of an NLL term on the preferred answer (RPO); auto: 1, 0: plain DPO.")
     length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
     reference_free: bool | None = Field(None, description="dpo: no reference model.")
     lora: LoraOptions | None = Field(None, description="Any method: train LoRA adapters (peft) instead of "
