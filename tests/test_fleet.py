@@ -177,8 +177,14 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         assert [r["version"] for r in st["replicas"] if r["healthy"]] == [promoted, promoted]
         assert killed not in {r["pid"] for r in st["replicas"] if r["healthy"]}
     finally:
+        head = json.loads((state / "fleet.json").read_text())["ray_address"]
         _gymloop("fleet", "down", *common)
     assert not (state / "fleet.json").exists()
+    # this machine's "current Ray cluster" is not the stopped head: a plain ray.init() starts its own
+    from ray._private.utils import read_ray_address
+
+    current = read_ray_address()
+    assert current is None or current.rsplit(":", 1)[-1] != head.rsplit(":", 1)[-1]
 
 
 def _finished(client, job_id: str):

@@ -113,7 +113,7 @@ def down(state_dir: str | Path, say: Callable[[str], None] = print) -> None:
             say(f"could not reach Ray at {state['ray_address']} ({exc}); stopping what was started")
     if state.get("ray_head_pid"):
         say("stopping the Ray head ...")
-        stop_head(state["ray_head_pid"])
+        stop_head(state["ray_head_pid"], state["ray_address"])
     if state.get("db"):
         try:
             from ..store import Store
@@ -149,13 +149,25 @@ def start_head(state_dir: Path, cpus: int) -> tuple[str, int]:
     return f"127.0.0.1:{port}", proc.pid
 
 
-def stop_head(pid: int, timeout_s: float = 60.0) -> None:
+def stop_head(pid: int, address: str, timeout_s: float = 60.0) -> None:
     """SIGTERM to `ray start --block` drains and stops the processes it started; SIGKILL to its
-    process group if it has not exited in time."""
+    process group if it has not exited in time. Then forget the head as this machine's "current
+    cluster" (`ray start` wrote it; `ray stop` would erase it): a later plain `ray.init()` would
+    try to join the stopped head instead of starting its own."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        return
+        pass
+    else:
+        _wait_exit(pid, timeout_s)
+    from ray._private.utils import get_ray_address_file, read_ray_address
+
+    current = read_ray_address()
+    if current is not None and current.rsplit(":", 1)[-1] == address.rsplit(":", 1)[-1]:
+        Path(get_ray_address_file(None)).unlink(missing_ok=True)
+
+
+def _wait_exit(pid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
