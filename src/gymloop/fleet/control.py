@@ -210,8 +210,13 @@ def _connect(state: dict, timeout_s: float) -> None:
     driver uses only when told to."""
     if state.get("ray_head_pid"):
         os.environ["RAY_AUTH_MODE"] = "token"      # read when ray is first imported
-    import ray
+    import logging
 
+    import ray
+    import ray.serve  # noqa: F401  (configures its logger when imported; quieted below)
+
+    # Ray Serve's client logs each step at INFO; `up`/`down` say what they do themselves
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if ray.is_initialized():
         return
     address = state["ray_address"]
