@@ -3,6 +3,7 @@ fine-tuning API with the official `openai` client, against a real `gymloop serve
 
     python bench/smollm2_tools_bench.py [--sft-rows 200] [--rft-rows 64] [--heldout 100] [--sets 3]
                                         [--sft-model DIR]   (RFT only, from an SFT'd model's directory)
+                                        [--sft-model DIR --then dpo]   (DPO instead of RFT, from it)
 
 The task is the `calls` environment: a request and three tools (OpenAI function schemas in the
 request's `tools`); the reply must call the right one with the right arguments. Held-out prompts
@@ -17,6 +18,8 @@ score measures reading schemas, not recalling names.
    learning rate from the model's size and LoRA); then promoted through the gate (admin key).
 3. RFT: a reinforcement LoRA job from the SFT model on `--rft-rows` prompts with their expected
    call, a python grader reading `sample.output_tools` (run in the sandbox); promoted likewise.
+   Or (`--then dpo`) DPO, every hyper-parameter but LoRA's "auto": pairs on training-tool prompts,
+   the expected call preferred over the SFT model's own wrong reply (sampled at temperature 1).
 """
 from __future__ import annotations
 
@@ -111,6 +114,8 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--sft-model", help="skip the base and SFT stages: serve this SFT'd model (a job's final "
                     "directory) as the base and run the RFT stage from it")
+    ap.add_argument("--then", choices=["rft", "dpo"], default="rft", help="the stage after SFT")
+    ap.add_argument("--dpo-pairs", type=int, default=100)
     args = ap.parse_args()
     torch.set_num_threads(2)
     env = make_env("calls")
@@ -130,6 +135,11 @@ def main() -> None:
         else:
             models = sft_stage(client, env, sets, args, lora, out)
 
+        if args.then == "dpo":
+            dpo_stage(client, env, sets, args, lora, models, out)
+            out["models"] = models
+            report(args, out)
+            return
         rft_rows = [{"messages": list(t.prompt), "tools": env.tools(t), "expected": t.answer}
                     for t in env.sample_tasks(args.rft_rows, "train", seed=7)]
         job, sec = common.run_job(client, models["sft"], rft_rows, {"type": "reinforcement", "reinforcement": {
@@ -142,21 +152,53 @@ def main() -> None:
         out["rft_promotion"] = promote(client, job.id, args.gate_tasks)
         print("rft", out["rft"], out["rft_promotion"].get("why"), flush=True)
         out["models"] = models
+    report(args, out)
 
+
+def dpo_stage(client: OpenAI, env, sets, args, lora: dict, models: dict, out: dict) -> None:
+    """DPO from the SFT model: the expected call over the model's own wrong sample (temperature 1)."""
+    def pair(t):
+        r = client.chat.completions.create(model=models["sft"], messages=list(t.prompt), tools=env.tools(t),
+                                           temperature=1.0, max_tokens=48)
+        m = r.choices[0].message
+        text = call_text(m.content, [c.model_dump() for c in m.tool_calls or []]) if m.tool_calls else m.content or ""
+        if env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}]).reward == 1:
+            return None
+        wrong = ({"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in m.tool_calls]}
+                 if m.tool_calls else {"role": "assistant", "content": m.content or ""})
+        return {"input": {"messages": list(t.prompt), "tools": env.tools(t)},
+                "preferred_output": demonstration(env, t)["messages"][-1:], "non_preferred_output": [wrong]}
+
+    with ThreadPoolExecutor(16) as pool:
+        sampled = list(pool.map(pair, env.sample_tasks(args.dpo_pairs * 4, "train", seed=11)))
+    pairs = [x for x in sampled if x is not None][:args.dpo_pairs]
+    print(f"dpo: {len(pairs)} pairs", flush=True)
+    job, sec = common.run_job(client, models["sft"], pairs, {"type": "dpo", "dpo": {"hyperparameters": {"lora": lora}}},
+                              "calls-dpo")
+    models["dpo"] = job.fine_tuned_model
+    out["dpo_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens, "pairs": len(pairs),
+                      "hyperparameters": job.hyperparameters.model_dump()}
+    out["dpo"] = [score(client, job.fine_tuned_model, env, s) for s in sets]
+    out["dpo_promotion"] = promote(client, job.id, args.gate_tasks)
+    print("dpo", out["dpo"], out["dpo_promotion"].get("why"), flush=True)
+
+
+def report(args, out: dict) -> None:
     rows = [["model", "correct calls (mean of sets)", "per set", "valid calls", "job seconds", "trained tokens",
              "promoted"]]
-    for key in [k for k in ("base", "sft", "rft") if k in out]:
+    for key in [k for k in ("base", "sft", "rft", "dpo") if k in out]:
         per = [s["correct"] for s in out[key]]
         job = out.get(f"{key}_job", {})
         promo = out.get(f"{key}_promotion")
-        rows.append([{"base": "SmolLM2-135M-Instruct", "sft": "+ SFT (LoRA)", "rft": "+ SFT + RFT (LoRA)"}[key],
+        rows.append([{"base": "SmolLM2-135M-Instruct", "sft": "+ SFT (LoRA)", "rft": "+ SFT + RFT (LoRA)",
+                      "dpo": "+ SFT + DPO (LoRA, auto)"}[key],
                      f"{statistics.mean(per):.1%}", " / ".join(f"{p:.0%}" for p in per),
                      f"{statistics.mean(s['valid'] for s in out[key]):.1%}",
                      f"{job['seconds']:.0f}" if job else "", f"{job['trained_tokens']:,}" if job else "",
                      ("yes" if promo["promoted"] else "no") if promo else ""])
     print(f"\ntool calls on held-out tools ({args.sets} sets of {args.heldout} prompts, greedy, via the API)")
     print(common.table(rows))
-    common.save("smollm2_tools", out)
+    common.save("smollm2_tools" + ("_dpo" if args.then == "dpo" else ""), out)
 
 
 if __name__ == "__main__":
