@@ -105,10 +105,11 @@ class CpuMeter(threading.Thread):
 
 def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> dict:
     from gymloop.bases.registry import resolve_model
-    from gymloop.fleet.audit import audit, rollout_seconds
+    from gymloop.fleet.audit import audit, replaced, rollout_seconds
+    from gymloop.serve.background import free_port
     from gymloop.store import Store
 
-    state, port = work / f"fleet-{replicas}", common_free_port()
+    state, port = work / f"fleet-{replicas}", free_port()
     common_args = ["--state-dir", str(state)]
     t0 = time.time()
     gymloop("fleet", "up", "--replicas", str(replicas), "--workers", "0", "--embedded-db", "--model", model,
@@ -141,7 +142,7 @@ def run(replicas: int, users: int, minutes: float, model: str, work: Path) -> di
                 pid = live[0]["pid"]
                 kill_at = time.time()
                 os.kill(pid, signal.SIGKILL)
-                back = wait_for(lambda: time.time() if _replaced(store, pid, replicas) else None, 300)
+                back = wait_for(lambda: time.time() if replaced(store, "gymloop", pid, replicas) else None, 300)
                 events["kill"] = {"time": kill_at, "pid": pid, "replaced_s": back - kill_at if back else None}
         _, err = locust.communicate(timeout=seconds + 120)
         cpu = meter.result()
@@ -161,19 +162,6 @@ def _served_name(url: str) -> str:
     import httpx
 
     return httpx.get(url + "/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()["data"][0]["id"]
-
-
-def _replaced(store, killed: int, n: int) -> bool:
-    live = store.replicas.list(fleet="gymloop", seen_within_s=3.0)
-    return len(live) == n and killed not in {r["pid"] for r in live}
-
-
-def common_free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def summarize(replicas, users, seconds, up_s, rows, report, events, final, prefix) -> dict:

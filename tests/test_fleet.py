@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
-from gymloop.fleet.audit import audit, rollout_seconds
+from gymloop.fleet.audit import audit, replaced, rollout_seconds
 from gymloop.store import Store
 
 
@@ -40,6 +40,9 @@ def test_replica_heartbeats_and_the_audit(store_target):
     for rid in ("a", "b"):
         store.replicas.beat(_replica(rid, version=v1))
     assert rollout_seconds(store, "f", v1) >= 0
+    assert replaced(store, "f", killed_pid=999, replicas=2, version=v1)
+    assert not replaced(store, "f", killed_pid=1, replicas=2)          # pid 1 still reports: not replaced
+    assert not replaced(store, "f", killed_pid=999, replicas=2, version=v2)
     t = store.traces.add(model="m", model_version=v1, request={}, response={}, prompt_tokens=1,
                          completion_tokens=1, latency_s=0.1)
     report = audit(store, [(t, v1), ("chatcmpl-missing", v1), (t, v2)])
@@ -156,7 +159,7 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         kill_time = time.time()
         os.kill(killed, signal.SIGKILL)
         # Ray Serve replaces it; the new replica starts on the promoted version
-        _wait(lambda: _replaced(store, killed, promoted), 120)
+        _wait(lambda: replaced(store, "gymloop", killed, 2, promoted), 120)
         time.sleep(2)
         stop.set()
         for u in users:
@@ -190,12 +193,6 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
 def _finished(client, job_id: str):
     job = client.fine_tuning.jobs.retrieve(job_id)
     return job if job.status in ("succeeded", "failed", "cancelled") else None
-
-
-def _replaced(store: Store, killed: int, version: int) -> bool:
-    """Two live replicas (a heartbeat within 3 s), the killed one not among them, both on `version`."""
-    live = store.replicas.list(fleet="gymloop", seen_within_s=3.0)
-    return len(live) == 2 and killed not in {r["pid"] for r in live} and all(r["version"] == version for r in live)
 
 
 def _wait(check, timeout_s: float):

@@ -30,3 +30,11 @@ def rollout_seconds(store, fleet: str, version: int) -> float | None:
     if row is None or row["promoted_at"] is None or not replicas or any(r["version"] != version for r in replicas):
         return None
     return max(r["version_since"] for r in replicas) - row["promoted_at"]
+
+
+def replaced(store, fleet: str, killed_pid: int, replicas: int, version: int | None = None) -> bool:
+    """Whether the fleet is whole again after a replica (`killed_pid`) died: `replicas` live ones
+    (heard from within 3 s), the dead one not among them, all on `version` when given."""
+    live = store.replicas.list(fleet=fleet, seen_within_s=3.0)
+    return (len(live) == replicas and killed_pid not in {r["pid"] for r in live}
+            and (version is None or all(r["version"] == version for r in live)))
