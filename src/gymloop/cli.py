@@ -57,9 +57,9 @@ def before_after_table(summary: dict) -> str:
 def story_table(summary: dict) -> str:
     apis = list(dict.fromkeys(x["api"] for x in summary["rows"]))      # the tool APIs, in order
     table = [["round", "tool API", "served", "production success", "candidate", *apis, "gate"]]
-    for x in summary["rows"]:
+    for i, x in enumerate(summary["rows"]):
         after = x.get("after", {})
-        table.append([str(x["round"]) if "status" in x else "end", x["api"], f"v{x['served_version']}",
+        table.append([str(x["round"]) if "status" in x else ("end" if i else "-"), x["api"], f"v{x['served_version']}",
                       f"{x['production_success']:.1%}", f"v{x['candidate_version']}" if "status" in x else "",
                       *[f"{after[a]:.1%}" if a in after else "" for a in apis],
                       (x.get("status", "") + (" (drift: " + ", ".join(x["drift"]) + ")" if x.get("drift") else ""))])
@@ -109,6 +109,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 summary = run_story(story.model_copy(update={"store": url}), run_dir=args.run_dir, progress=not quiet)
         else:
             summary = run_story(story, run_dir=args.run_dir, progress=not quiet)
+        print()
+        print(story_table(summary))
+        print(f"report: {summary['report']}")
+    if args.only == "agent":
+        from .jobs.story import AGENT_STORY
+
+        print("gymloop demo, the agent: serve SmolLM2 taught to call tools (smollm2-calls: a supervised job, built "
+              "once) -> production with the tools' schemas in every request -> the schemas are renamed -> drift "
+              "-> GRPO rounds -> recovery")
+        summary = run_story(StoryConfig(**{**AGENT_STORY, "seed": args.seed, "store": args.db}),
+                            run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
@@ -435,8 +446,9 @@ def _learning_commands(sub) -> None:
                        "loop (serve, production traffic, rounds, a tool-API drift, recovery)")
     d.add_argument("--run-dir", default="runs")
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
-    d.add_argument("--only", choices=["learn", "loop"], default=None,
-                   help="one chapter: learn (GRPO on arithmetic) or loop (the continuous loop and the drift)")
+    d.add_argument("--only", choices=["learn", "loop", "agent"], default=None,
+                   help="one chapter: learn (GRPO on arithmetic), loop (the continuous loop and the drift) or "
+                   "agent (the loop with SmolLM2 and tools in the request; not part of the default two)")
     d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools)")
     d.add_argument("--db", default=None, help="chapter 2's store: an empty PostgreSQL database's URL (default: a "
                    "SQLite file in its run directory)")

@@ -6,6 +6,13 @@ catalogue's tools are split by name: the training split's tasks use only trainin
 held-out split's only held-out tools, so a held-out score measures reading schemas a model was
 never shown, not recalling names it was trained on. Requests are phrased from per-tool templates.
 
+Version 2 is the catalogue after an API redesign: every tool and argument renamed (`get_weather(city)`
+became `weather_now(location)`; the table V2 below), in the schemas too, so a model that reads them
+can adapt and one that memorised version 1's names cannot. Nothing of version 2 is in any base's
+training data. `heldout: requests` keeps every split on the training tools (a task's split is a
+hash of the whole request): the held-out score then measures the production agent's own tools on
+requests it never saw, which is what a loop's gate needs after such a drift.
+
 Verified on the reply's calls (gymloop's one tool format, models/toolcalls.py): reward 1 when it
 is exactly one well-formed call of the expected tool with the expected arguments (strings
 compared case-insensitively, numbers by value); `valid` is 1 when the call names an offered tool
@@ -13,9 +20,10 @@ with its required arguments, right or not.
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +49,15 @@ class Tool:
     params: dict[str, str]                         # argument -> JSON type ("string" | "integer")
     templates: tuple[str, ...]                     # requests; {arg} is replaced by its value
     draw: Callable[[random.Random], dict]          # arguments of one request
+
+    def renamed(self, name: str, args: dict[str, str]) -> "Tool":
+        """This tool under another name and argument names (what a request asks is unchanged)."""
+        templates = self.templates
+        for old, new in args.items():
+            templates = tuple(t.replace("{" + old + "}", "{" + new + "}") for t in templates)
+        draw = self.draw
+        return Tool(name, self.description, {args[a]: t for a, t in self.params.items()}, templates,
+                    lambda rng: {args[k]: v for k, v in draw(rng).items()})
 
     def schema(self) -> dict:
         return {"type": "function", "function": {
@@ -130,6 +147,40 @@ CATALOGUE: tuple[Tool, ...] = (
     Tool("play_playlist", "Play a playlist by its number.", {"playlist": "integer"},
          ("Play playlist {playlist}.", "Put on playlist number {playlist}."), _pick(playlist=("int", 1, 50))),
 )
+# Version 2: catalogue name -> (new name, {old argument: new argument}).
+V2: dict[str, tuple[str, dict[str, str]]] = {
+    "get_weather": ("weather_now", {"city": "location"}),
+    "convert_currency": ("fx_quote", {"amount": "value", "from_currency": "source", "to_currency": "target"}),
+    "send_email": ("mail_compose", {"to": "recipient", "subject": "title"}),
+    "set_alarm": ("alarm_create", {"hour": "at_hour"}),
+    "search_flights": ("air_search", {"origin": "start", "destination": "end"}),
+    "book_table": ("restaurant_reserve", {"people": "guests", "day": "weekday"}),
+    "get_stock_price": ("quote_equity", {"ticker": "symbol"}),
+    "translate": ("lang_render", {"word": "text", "language": "target_language"}),
+    "get_distance": ("route_length", {"origin": "start", "destination": "end"}),
+    "set_thermostat": ("climate_set", {"room": "zone", "celsius": "degrees"}),
+    "find_recipe": ("recipes_search", {"ingredient": "main_ingredient"}),
+    "track_package": ("parcel_status", {"tracking_number": "parcel_id"}),
+    "reserve_hotel": ("lodging_book", {"city": "location", "nights": "stay_nights"}),
+    "get_news": ("headlines_fetch", {"topic": "subject"}),
+    "add_todo": ("tasks_append", {"item": "entry"}),
+    "rent_car": ("vehicle_hire", {"city": "location", "days": "rental_days"}),
+    "get_time": ("clock_local", {"city": "location"}),
+    "define_word": ("lexicon_lookup", {"word": "term"}),
+    "schedule_meeting": ("calendar_invite", {"person": "attendee", "day": "weekday"}),
+    "paint_wall": ("wall_paint", {"color": "shade", "wall": "wall_id"}),
+    "order_taxi": ("ride_request", {"street_number": "address_number", "passengers": "riders"}),
+    "water_plants": ("irrigation_start", {"room": "zone"}),
+    "call_contact": ("phone_dial", {"name": "contact"}),
+    "play_playlist": ("music_queue", {"playlist": "playlist_id"}),
+}
+
+
+def catalogue(version: int) -> tuple[Tool, ...]:
+    """The catalogue's tools as a version names them."""
+    return CATALOGUE if version == 1 else tuple(t.renamed(*V2[t.name]) for t in CATALOGUE)
+
+
 SYSTEM = "You are an assistant that acts by calling one of the tools you are given."
 
 
@@ -143,6 +194,11 @@ class CallsConfig(BaseModel):
     heldout_fraction: float = Field(0.33, gt=0, lt=1, description="Share of the catalogue's tools kept for "
                                     "held-out tasks (chosen by a hash of the tool's name).")
     system: str | None = Field(SYSTEM, description="The system message (None: none).")
+    version: Literal[1, 2] = Field(1, description="Tool API version (2: every tool and argument renamed, in the "
+                                   "schemas too; `calls@v2` is shorthand).")
+    heldout: Literal["tools", "requests"] = Field(
+        "tools", description="What held-out tasks hold out: tools (they use only tools training never shows) "
+        "or requests (every split uses the training tools; a task's split is a hash of its request).")
 
 
 def _matches(got: object, want: object) -> bool:
@@ -152,17 +208,22 @@ def _matches(got: object, want: object) -> bool:
 
 
 class CallsEnv(Environment):
-    name = "calls"
-
     def __init__(self, config: CallsConfig | None = None) -> None:
         self.config = config or CallsConfig()
+        tools = catalogue(self.config.version)
         self.split_tools: dict[str, list[Tool]] = {"train": [], "heldout": []}
-        for tool in CATALOGUE:
-            self.split_tools[split_of(f"calls:{tool.name}", self.config.heldout_fraction)].append(tool)
-        for split, tools in self.split_tools.items():
-            if len(tools) < self.config.tools_per_task:
-                raise ValueError(f"only {len(tools)} {split} tools for tools_per_task={self.config.tools_per_task}")
-        self._by_name = {t.name: t for t in CATALOGUE}
+        for first, tool in zip(CATALOGUE, tools):     # split by the first name: the same tools in every version
+            self.split_tools[split_of(f"calls:{first.name}", self.config.heldout_fraction)].append(tool)
+        if self.config.heldout == "requests":
+            self.split_tools["heldout"] = self.split_tools["train"]
+        for split, pool in self.split_tools.items():
+            if len(pool) < self.config.tools_per_task:
+                raise ValueError(f"only {len(pool)} {split} tools for tools_per_task={self.config.tools_per_task}")
+        self._by_name = {t.name: t for t in tools}
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "calls" if self.config.version == 1 else f"calls@v{self.config.version}"
 
     def _task(self, split: Split, tool: Tool, args: dict, template: int, offered: list[str]) -> Task:
         question = tool.templates[template].format(**args)
@@ -174,11 +235,19 @@ class CallsEnv(Environment):
 
     def draw(self, rng: random.Random, split: Split) -> Task:
         pool = self.split_tools[split]
-        tool = rng.choice(pool)
-        others = rng.sample([t for t in pool if t is not tool], self.config.tools_per_task - 1)
-        offered = [t.name for t in others]
-        offered.insert(rng.randint(0, len(offered)), tool.name)
-        return self._task(split, tool, tool.draw(rng), rng.randrange(len(tool.templates)), offered)
+        while True:
+            tool = rng.choice(pool)
+            others = rng.sample([t for t in pool if t is not tool], self.config.tools_per_task - 1)
+            offered = [t.name for t in others]
+            offered.insert(rng.randint(0, len(offered)), tool.name)
+            task = self._task(split, tool, tool.draw(rng), rng.randrange(len(tool.templates)), offered)
+            if self.config.heldout == "tools" or self._request_split(task) == split:
+                return task
+
+    def _request_split(self, task: Task) -> Split:
+        """heldout=requests: the split of a request, by its text (not the tools' names, so a request
+        is held out in every version)."""
+        return split_of(f"calls:{task.prompt[-1]['content']}", self.config.heldout_fraction)
 
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
         rng = random.Random(f"calls|{split}|{seed}")
@@ -216,6 +285,14 @@ class CallsEnv(Environment):
         reason = "correct" if correct else ("wrong tool" if call.name != want["name"] else "wrong arguments")
         return Score(correct, {"valid": valid, "correct": correct}, reason)
 
+    def demonstration(self, task: Task) -> dict:
+        """A supervised fine-tuning row in OpenAI's function-calling format: the request, then the
+        expected call as an assistant message with `tool_calls`, and the offered tools."""
+        call = {"id": "call_0", "type": "function", "function": {
+            "name": task.answer["name"], "arguments": json.dumps(task.answer["arguments"])}}
+        return {"messages": list(task.prompt) + [{"role": "assistant", "content": None, "tool_calls": [call]}],
+                "tools": self.tools(task)}
+
     def gold_reply(self, task: Task) -> str:
         return format_call(task.answer["name"], task.answer["arguments"])
 
@@ -236,7 +313,10 @@ def json_args(args: dict) -> str:
 
 def _args_of(tool: Tool, text: str) -> dict:
     pairs = dict(p.split("=", 1) for p in text.split("&"))
-    return {k: int(pairs[k]) if t == "integer" else pairs[k] for k, t in tool.params.items()}
+    if set(pairs) != set(tool.params):
+        raise ValueError(f"arguments {sorted(pairs)} are not {tool.name}'s")
+    # in the id's order, which is the order they were drawn in (the id round-trips)
+    return {k: int(v) if tool.params[k] == "integer" else v for k, v in pairs.items()}
 
 
 def make_calls(**options) -> CallsEnv:

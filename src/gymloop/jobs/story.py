@@ -17,14 +17,21 @@ then, never greedily (bases/nano.py).
 
 Production asks train-split tasks (they become training tasks when they fail); the gate's
 suites are held-out tasks, so promotion is judged on problems never trained on.
+
+The agent chapter (`--only agent`, AGENT_STORY) is the same story with a real model and tools in
+the request: SmolLM2-135M-Instruct taught to call tools by a supervised job (`smollm2-calls`,
+bases/smollm2_calls.py) serves the `calls` environment, whose schemas travel in every request;
+the drift (calls@v1 -> calls@v2) renames every tool and argument in those schemas. A model that
+reads them can adapt; what the supervised job made it memorise fights it.
 """
 from __future__ import annotations
 
 import json
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import Field
 
@@ -40,17 +47,26 @@ class StoryConfig(_Strict):
     """The whole-story demo."""
 
     model: str = Field("nano-tools", description="Base model served and trained.")
-    rounds_before: int = Field(1, ge=1, description="Loop rounds while the tool API is v1.")
+    env: Literal["tools", "calls"] = Field("tools", description="What production asks (STORY_ENVS): tools (a "
+                                           "multi-turn inventory API) or calls (function calling, the schemas "
+                                           "in the request).")
+    rounds_before: int = Field(1, ge=0, description="Loop rounds while the tool API is the first one (0: its "
+                               "production is measured once, nothing is trained).")
     rounds_after: int = Field(5, ge=1, description="Loop rounds after it changed.")
     api_before: int = Field(1, ge=1, le=3, description="Tool API version before the change.")
-    api_after: int = Field(3, ge=1, le=3, description="Tool API version after it (3 renames the tools "
-                           "and their arguments: an old call is an error).")
+    api_after: int = Field(3, ge=1, le=3, description="Tool API version after it (tools@v3 renames the tools "
+                           "and their arguments: an old call is an error; calls@v2 renames them in the schemas).")
     schemas: bool = Field(False, description="Show the tool schemas in the agent's prompt (see the module "
                           "docstring: without them an API change cannot be read off the prompt).")
     requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
     concurrency: int = Field(16, ge=1, description="Concurrent production clients.")
     steps_per_round: int = Field(12, ge=1, description="GRPO steps per round.")
     prompts_per_step: int = Field(16, ge=1, description="Tasks per GRPO step.")
+    warmup_steps: int = Field(5, ge=0, description="GRPO warm-up steps of each round.")
+    group_size: int = Field(8, ge=2, description="Samples per task in a GRPO step.")
+    train_only: list[str] = Field(default_factory=list, description="GRPO trains only the parameters matching "
+                                  "these patterns (grpo.train_only; empty: all).")
+    micro_batch: int = Field(0, ge=0, description="Rows per forward/backward pass (grpo.micro_batch).")
     lr: float = Field(2e-4, gt=0, description="GRPO learning rate (tools@v3 came back in 2-3 rounds at this rate on "
                       "seeds 0-2; at 5e-5 it took 4-5).")
     temperature: float = Field(0.7, gt=0, description="Rollout sampling temperature.")
@@ -62,13 +78,44 @@ class StoryConfig(_Strict):
                               "database's URL, or a SQLite file (default: story.db in the run directory).")
 
 
+@dataclass(frozen=True)
+class StoryEnv:
+    """What a story's production runs: the environment's options for an API version, turns per
+    episode, and what each version changed (for the narration)."""
+
+    options: Callable[[StoryConfig, int], dict]
+    max_turns: int
+    changes: dict[int, str]
+
+
+STORY_ENVS: dict[str, StoryEnv] = {
+    "tools": StoryEnv(lambda cfg, v: {"version": v, "schemas": cfg.schemas}, 3, {
+        1: "the first API", 2: 'results now come back as {"sku", "quantity"}',
+        3: "get_stock/add_stock renamed lookup_item/restock, arguments sku/quantity: an old call is an error"}),
+    # held-out requests on production's own tools: the gate measures what production asks
+    "calls": StoryEnv(lambda cfg, v: {"version": v, "heldout": "requests"}, 1, {
+        1: "the first API", 2: "every tool and argument renamed in the request's schemas, e.g. get_weather(city) "
+                               "-> weather_now(location)"}),
+}
+
+# The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
+# Sized for ~30 minutes on 2 cores: a GRPO step of 8 x 4 samples of ~350-token prompts takes ~1 min
+# there, so three rounds of 5 steps; the top 4 of 30 layers train (backward stops below them).
+AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
+                   requests_per_round=48, concurrency=16, steps_per_round=5, prompts_per_step=8, group_size=4,
+                   lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
+                   train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
+
+
 def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int, db: str) -> LoopConfig:
+    story_env = STORY_ENVS[cfg.env]
     return LoopConfig(
         model=base, store=db, run_dir=str(out), name="story", rounds=rounds,
-        env=EnvSpec(name="tools", options={"version": version, "schemas": cfg.schemas}, max_turns=3), suites=[],
+        env=EnvSpec(name=cfg.env, options=story_env.options(cfg, version), max_turns=story_env.max_turns), suites=[],
         sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-        grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=8,
-                        lr=cfg.lr, warmup_steps=5, betas=(0.9, 0.999)),
+        grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                        lr=cfg.lr, warmup_steps=cfg.warmup_steps, betas=(0.9, 0.999),
+                        train_only=cfg.train_only, micro_batch=cfg.micro_batch),
         eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.max_new_tokens),
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),
@@ -78,12 +125,6 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         # Training carries on from the latest candidate: with a gate this noisy (64 tasks), a
         # rejected round's steps are still progress; production only ever gets promoted models.
         lineage="latest", seed=cfg.seed)
-
-
-# What each version changed, for the story's narration.
-API_CHANGES = {1: "the first API",
-               2: 'results now come back as {"sku", "quantity"}',
-               3: "get_stock/add_stock renamed lookup_item/restock, arguments sku/quantity: an old call is an error"}
 
 
 def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
@@ -110,30 +151,35 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     echo(f"story directory: {out}")
     if cfg.store:
         echo(f"store: {cfg.store}")
-    total = cfg.rounds_before + cfg.rounds_after
+    story_env = STORY_ENVS[cfg.env]
+    # production passes: (API version, whether a loop round follows); the last only measures
+    passes = ([(cfg.api_before, True)] * cfg.rounds_before or [(cfg.api_before, False)]) + \
+        [(cfg.api_after, True)] * cfg.rounds_after + [(cfg.api_after, False)]
     rows: list[dict] = []
     db = cfg.store or str(out / "story.db")
+    r = 0                                            # loop rounds committed
     with serving(ServeConfig(model=base, model_name="gymloop-agent", db=db,
                              api_keys=[key], poll_s=0.5, default_max_tokens=cfg.max_new_tokens)) as (url, batcher, store):
         if store.versions.list():
             raise ValueError(f"the story needs an empty store; {store.url} already holds model versions")
         # The base is the first served version, so every production answer names a stored version.
         store.versions.add(base, parent=None, status="promoted", scores={})
-        for r in range(1, total + 2):                # the last pass only measures production
-            version = cfg.api_before if r <= cfg.rounds_before else cfg.api_after
-            if r == cfg.rounds_before + 1:
-                echo(f"the tool API changes: tools@v{cfg.api_before} -> tools@v{cfg.api_after} ({API_CHANGES[cfg.api_after]})")
+        for i, (version, trains) in enumerate(passes):
+            if i and version != passes[i - 1][0]:
+                echo(f"the tool API changes: {cfg.env}@v{cfg.api_before} -> {cfg.env}@v{cfg.api_after} "
+                     f"({story_env.changes[cfg.api_after]})")
             _wait_for(batcher, store.versions.promoted()["version"])
-            env = make_env("tools", version=version, schemas=cfg.schemas)
-            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.seed, r))
+            env = make_env(cfg.env, **story_env.options(cfg, version))
+            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.seed, i + 1))
             traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
-                                   max_tokens=cfg.max_new_tokens, max_turns=3)
-            row = {"round": r, "api": env.name, "served_version": batcher.version,
+                                   max_tokens=cfg.max_new_tokens, max_turns=story_env.max_turns)
+            row = {"round": r + 1 if trains else None, "api": env.name, "served_version": batcher.version,
                    "production_success": traffic.success_rate, "episodes": traffic.episodes,
                    "errors": len(traffic.errors)}
-            echo(f"production before round {r}: {env.name}, served v{batcher.version}, "
-                 f"success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
-            if r <= total:
+            echo(f"production {f'before round {r + 1}' if trains else 'measured'}: {env.name}, served "
+                 f"v{batcher.version}, success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
+            if trains:
+                r += 1
                 loop_cfg = _loop_config(cfg, out, base, version, r, db)
                 rounds = run_loop(loop_cfg, progress=progress, echo=echo)
                 last = rounds[-1]
@@ -153,8 +199,9 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
 def story_summary(cfg: StoryConfig, rows: list[dict], loop: dict, wall: float) -> dict:
     """Production success before the drift, at its worst after it, and at the end; the share of
     the drop recovered. From the rows the run recorded."""
-    pre = [x["production_success"] for x in rows[:cfg.rounds_before]]
-    post = [x["production_success"] for x in rows[cfg.rounds_before:]]
+    n_pre = max(cfg.rounds_before, 1)                # passes on the first API (one when nothing trains on it)
+    pre = [x["production_success"] for x in rows[:n_pre]]
+    post = [x["production_success"] for x in rows[n_pre:]]
     before, low, final = pre[-1], min(post), post[-1]
     drop = before - low
     return {
