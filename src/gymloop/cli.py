@@ -88,6 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
     quiet = args.quiet
+    cores = torch.get_num_threads()                  # torch's default: the physical cores
     torch.set_num_threads(demo_config().threads)     # the demo's chapters and its servers: 1 thread
     if args.only in (None, "learn"):
         print("gymloop demo, chapter 1, learn: pre-train nano (or load it from the cache) -> GRPO on 2-digit addition "
@@ -114,6 +115,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"report: {summary['report']}")
     if args.only == "agent":
         from .jobs.story import AGENT_STORY
+
+        torch.set_num_threads(cores)      # a 135M model's matrices are large enough for every core
 
         print("gymloop demo, the agent: serve SmolLM2 taught to call tools (smollm2-calls: a supervised job, built "
               "once) -> production with the tools' schemas in every request -> the schemas are renamed -> drift "
