@@ -24,7 +24,6 @@ score measures reading schemas, not recalling names.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile

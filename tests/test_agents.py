@@ -127,3 +127,34 @@ def test_the_agents_sdk_streams_through_the_same_agent(server):
     final, kinds = asyncio.run(run())
     assert final == "7" and kinds.count("response.completed") == 2
     assert "response.function_call_arguments.done" in kinds and "response.output_text.delta" in kinds
+
+
+def test_production_episodes_read_the_calls_the_server_parsed(server):
+    """Simulated production (jobs/traffic.py) with tools in the request: the server answers with
+    `tool_calls` and no content, and the episode's verifier still sees the call."""
+    from openai import OpenAI
+
+    from gymloop.envs.base import Environment, Score, Task
+    from gymloop.jobs.traffic import api_episode
+
+    row = agent_rows()[0]
+    seen = []
+
+    class Stock(Environment):
+        name = "stock"
+
+        def sample_tasks(self, n, split, seed):
+            return [task] * n
+
+        def tools(self, task):
+            return row["tools"]
+
+        def verify(self, task, messages):
+            seen.append(messages[-1]["content"])
+            return Score(float("get_stock" in messages[-1]["content"]), {}, "")
+
+    task = Task(id="t", env="stock", prompt=tuple(row["messages"][:2]), answer=None, split="train")
+    client = OpenAI(base_url=server["base"], api_key=KEY, max_retries=0)
+    reward, trace_id, versions, tokens = api_episode(client, "clerk", Stock(), task, max_tokens=64, max_turns=1)
+    assert reward == 1.0 and trace_id and tokens > 0
+    assert "<tool_call>" in seen[0] and '"item": "apple"' in seen[0]

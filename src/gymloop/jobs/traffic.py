@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..envs import Environment, Task
 from ..envs.base import run_episode
+from ..models.toolcalls import call_text
 
 
 @dataclass
@@ -57,7 +58,10 @@ def api_episode(client, model: str, env: Environment, task: Task, max_tokens: in
         completion = resp.parse()
         seen["versions"].append(int(resp.headers.get("x-gymloop-model-version", "-1")))
         seen["tokens"] += completion.usage.completion_tokens if completion.usage else 0
-        return completion.choices[0].message.content or ""
+        message = completion.choices[0].message
+        if message.tool_calls:          # parsed by the server: back to the text the verifier reads
+            return call_text(message.content, [c.model_dump() for c in message.tool_calls])
+        return message.content or ""
 
     _, score = run_episode(env, task, reply, max_turns)
     return score.reward, seen["trace_id"], seen["versions"], seen["tokens"]
