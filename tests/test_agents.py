@@ -129,32 +129,34 @@ def test_the_agents_sdk_streams_through_the_same_agent(server):
     assert "response.function_call_arguments.done" in kinds and "response.output_text.delta" in kinds
 
 
-def test_production_episodes_read_the_calls_the_server_parsed(server):
-    """Simulated production (jobs/traffic.py) with tools in the request: the server answers with
-    `tool_calls` and no content, and the episode's verifier still sees the call."""
-    from openai import OpenAI
 
-    from gymloop.envs.base import Environment, Score, Task
+def test_production_episodes_read_the_calls_the_server_parsed():
+    """Simulated production (jobs/traffic.py) with tools in the request: a server answers a call
+    with `tool_calls` and no content, and the episode's verifier must still see the call."""
+    from types import SimpleNamespace
+
+    from openai.types.chat import ChatCompletion
+
+    from gymloop.envs import make_env
     from gymloop.jobs.traffic import api_episode
 
-    row = agent_rows()[0]
-    seen = []
+    env = make_env("calls@v2", heldout="requests")
+    task = env.sample_tasks(1, "train", 0)[0]
+    call = {"id": "call_0", "type": "function", "function": {
+        "name": task.answer["name"], "arguments": json.dumps(task.answer["arguments"])}}
+    completion = ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls",
+                     "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}})
+    sent = []
 
-    class Stock(Environment):
-        name = "stock"
+    def create(**kw):
+        sent.append(kw)
+        return SimpleNamespace(headers={"x-gymloop-trace-id": "tr", "x-gymloop-model-version": "3"},
+                               parse=lambda: completion)
 
-        def sample_tasks(self, n, split, seed):
-            return [task] * n
-
-        def tools(self, task):
-            return row["tools"]
-
-        def verify(self, task, messages):
-            seen.append(messages[-1]["content"])
-            return Score(float("get_stock" in messages[-1]["content"]), {}, "")
-
-    task = Task(id="t", env="stock", prompt=tuple(row["messages"][:2]), answer=None, split="train")
-    client = OpenAI(base_url=server["base"], api_key=KEY, max_retries=0)
-    reward, trace_id, versions, tokens = api_episode(client, "clerk", Stock(), task, max_tokens=64, max_turns=1)
-    assert reward == 1.0 and trace_id and tokens > 0
-    assert "<tool_call>" in seen[0] and '"item": "apple"' in seen[0]
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(
+        with_raw_response=SimpleNamespace(create=create))))
+    assert api_episode(client, "m", env, task, max_tokens=48, max_turns=1) == (1.0, "tr", [3], 7)
+    assert sent[0]["tools"] == env.tools(task)
