@@ -86,6 +86,22 @@ def test_stop_string_without_tokenizer_is_an_error(tok, model):
         eng.generate(PROMPTS, SamplingParams(max_new_tokens=2, stop=("x",)))
 
 
+def test_copies_of_a_prompt_are_prefilled_once(tok, model):
+    """A GRPO group's samples share their prompt: the native backend prefills each distinct
+    prompt once; every copy still samples on its own and its log-probs are the model's."""
+    eng = Engine(model, tok.pad_token_id, backend="llama")
+    rows = []
+    prefill = eng.backend._prefill
+    eng.backend._prefill = lambda ids, mask, n: rows.append(len(ids)) or prefill(ids, mask, n)
+    prompts = [PROMPTS[i % 3] for i in range(12)]              # 3 prompts x 4 copies, interleaved
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
+    assert rows == [3]
+    assert len({tuple(g.token_ids) for g in out.generations}) > 3                 # copies sample apart
+    for p, g in zip(prompts, out.generations):
+        ref = full_forward_logprobs(model, p, g.token_ids, 1.0)
+        assert (ref - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
+
+
 def test_compaction_changes_nothing(tok, model):
     """Dropping finished rows from the cache must not change any row's output."""
     from gymloop.engine.sampling import run_generation

@@ -26,6 +26,19 @@ def _rope_theta(cfg) -> tuple[float, str]:
     return float(theta), kind
 
 
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first [U], inverse [B]): the first row of each distinct (ids, mask) row of [B, P], in
+    order of first appearance, and which of them each row is (rows == first[inverse])."""
+    _, group = torch.unique(torch.cat((ids, mask.long()), -1), dim=0, return_inverse=True)   # [B]
+    B = len(ids)
+    first_of = torch.full((int(group.max()) + 1,), B, dtype=torch.long, device=ids.device)
+    first_of.scatter_reduce_(0, group, torch.arange(B, device=ids.device), "amin")       # group -> its first row
+    first = torch.sort(first_of).values                                                  # [U], ascending
+    rank = torch.empty_like(first_of)
+    rank[torch.argsort(first_of)] = torch.arange(len(first_of), device=ids.device)
+    return first, rank[group]
+
+
 def supports(model: torch.nn.Module) -> str | None:
     """None if the native path computes exactly what the model's forward does, else why not."""
     if hasattr(model, "peft_config"):
@@ -186,6 +199,18 @@ class LlamaBackend:
 
     @torch.inference_mode()
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Prefill ids [B, P] (mask [B, P]: real tokens) into a KV cache with room for
+        max_new_tokens more; the next-token logits [B, V]. Copies of one prompt (a GRPO group's
+        samples) are prefilled once and their cache rows copied: with a ~350-token prompt and a
+        few dozen new tokens, prefill is most of a group's generation."""
+        first, inverse = distinct_rows(ids, mask)
+        if len(first) < len(ids):
+            logits = self._prefill(ids[first], mask[first], max_new_tokens)
+            self.keep(inverse)
+            return logits[inverse]
+        return self._prefill(ids, mask, max_new_tokens)
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         B, P = ids.shape
         total = P + max_new_tokens
         self._rope_table(total)
