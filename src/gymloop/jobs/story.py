@@ -99,10 +99,12 @@ STORY_ENVS: dict[str, StoryEnv] = {
 }
 
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Sized for ~30 minutes on 2 cores: a GRPO step of 8 x 4 samples of ~350-token prompts takes ~1 min
-# there, so three rounds of 5 steps; the top 4 of 30 layers train (backward stops below them).
+# Sized for ~30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes ~1 min
+# there, so three rounds of 6 steps; the top 4 of 30 layers train (backward stops below them).
+# 4 tasks x 8 samples, not 8 x 4: production's failures are hard (at 8 x 4, 4-20 of a step's 32
+# samples had a signal) and a group's copies are prefilled once.
 AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
-                   requests_per_round=48, concurrency=16, steps_per_round=5, prompts_per_step=8, group_size=4,
+                   requests_per_round=48, concurrency=16, steps_per_round=6, prompts_per_step=4, group_size=8,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
                    train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
 
@@ -212,4 +214,5 @@ def story_summary(cfg: StoryConfig, rows: list[dict], loop: dict, wall: float) -
         "cost_to_maintain": loop["cost_to_maintain"],
         "post_training_dollars": loop["post_training_dollars"],
         "cost_per_1m_served_tokens": loop["cost_per_1m_served_tokens"],
+        "config": cfg.model_dump(mode="json"),
     }
