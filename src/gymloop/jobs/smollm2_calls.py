@@ -3,7 +3,9 @@ supervised fine-tuning job through gymloop's OpenAI-compatible API (the `openai`
 server on loopback) on demonstrations of the `calls` environment's training tools, in OpenAI's
 function-calling format, every hyper-parameter `auto` but LoRA's rank; the adapter merged.
 
-It is the agent chapter's production agent (jobs/story.py AGENT_STORY). Built once and cached
+It is the agent chapter's production agent (story.py AGENT_STORY). It lives with the jobs, not
+with the bases (bases/), because it is made by running the server: bases sit below serve. Built
+once and cached
 under `models/smollm2-calls-<recipe hash>` (about 20 minutes on 2 CPU cores: 200 rows of ~380
 tokens, 3 epochs); bench/smollm2_tools_bench.py measures the same job on held-out tools.
 """
@@ -82,7 +84,7 @@ def fine_tune(base: Path, rows: list[dict], lora: dict, out: Path, progress: boo
 
 def ensure_smollm2_calls(cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """The cached smollm2-calls model, built by its supervised job only if not cached."""
-    from .smollm2 import ensure_smollm2
+    from ..bases.smollm2 import ensure_smollm2
 
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "models" / f"smollm2-calls-{recipe_key()}"
