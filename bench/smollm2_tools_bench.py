@@ -35,7 +35,7 @@ import torch
 from openai import OpenAI
 
 from gymloop.envs import make_env
-from gymloop.models.toolcalls import call_text
+from gymloop.jobs.traffic import reply_text
 from gymloop.serve import ServeConfig
 from gymloop.serve.background import serving
 
@@ -64,8 +64,7 @@ def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
     def one(t):
         r = client.chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
                                            temperature=0, max_tokens=max_tokens)
-        m = r.choices[0].message
-        text = call_text(m.content, [c.model_dump() for c in m.tool_calls or []]) if m.tool_calls else m.content or ""
+        text = reply_text(r.choices[0].message)
         return env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}])
 
     with ThreadPoolExecutor(16) as pool:
@@ -152,7 +151,7 @@ def dpo_stage(client: OpenAI, env, sets, args, lora: dict, models: dict, out: di
         r = client.chat.completions.create(model=models["sft"], messages=list(t.prompt), tools=env.tools(t),
                                            temperature=1.0, max_tokens=48)
         m = r.choices[0].message
-        text = call_text(m.content, [c.model_dump() for c in m.tool_calls or []]) if m.tool_calls else m.content or ""
+        text = reply_text(m)
         if env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}]).reward == 1:
             return None
         wrong = ({"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in m.tool_calls]}

@@ -73,6 +73,15 @@ def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_ch
     assert story_table(summary).splitlines()[2].lstrip("| ").startswith("-")
 
 
+def test_a_story_refuses_an_api_version_its_environment_lacks():
+    import pytest
+
+    from gymloop.jobs.story import AGENT_STORY
+
+    with pytest.raises(ValueError, match=r"calls has API versions \[1, 2\], not 3"):
+        StoryConfig(**{**AGENT_STORY, "api_after": 3})
+
+
 def test_a_base_built_by_a_supervised_job_through_the_api(tmp_path, tiny_model_dir):
     """jobs/smollm2_calls.fine_tune, the agent chapter's base builder, at toy size: demonstrations
     in OpenAI's function-calling format, a LoRA job through the server, the merged model copied

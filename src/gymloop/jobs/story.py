@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
 from ..accounting.ledger import load_profiles
@@ -77,6 +77,14 @@ class StoryConfig(_Strict):
     store: str | None = Field(None, description="The store the server and the loop share: an empty PostgreSQL "
                               "database's URL, or a SQLite file (default: story.db in the run directory).")
 
+    @model_validator(mode="after")
+    def _known_versions(self) -> "StoryConfig":
+        known = STORY_ENVS[self.env].changes
+        for v in (self.api_before, self.api_after):
+            if v not in known:
+                raise ValueError(f"{self.env} has API versions {sorted(known)}, not {v}")
+        return self
+
 
 @dataclass(frozen=True)
 class StoryEnv:
@@ -97,6 +105,7 @@ STORY_ENVS: dict[str, StoryEnv] = {
         1: "the first API", 2: "every tool and argument renamed in the request's schemas, e.g. get_weather(city) "
                                "-> weather_now(location)"}),
 }
+
 
 def _smollm2_calls(progress: bool) -> Path:
     from .smollm2_calls import ensure_smollm2_calls

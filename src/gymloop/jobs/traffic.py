@@ -43,6 +43,14 @@ def send_feedback(base_url: str, api_key: str, trace_id: str, reward: float, tas
     urllib.request.urlopen(req, timeout=30).close()
 
 
+def reply_text(message) -> str:
+    """An `openai` chat message as the text an environment's verifier reads: calls the server
+    parsed into `tool_calls` (leaving no content) go back into gymloop's one tool format."""
+    if message.tool_calls:
+        return call_text(message.content, [c.model_dump() for c in message.tool_calls])
+    return message.content or ""
+
+
 def api_episode(client, model: str, env: Environment, task: Task, max_tokens: int, max_turns: int,
                 temperature: float = 0.0) -> tuple[float, str, list[int], int]:
     """(reward, last trace id, model versions that answered, completion tokens) of one episode
@@ -58,10 +66,7 @@ def api_episode(client, model: str, env: Environment, task: Task, max_tokens: in
         completion = resp.parse()
         seen["versions"].append(int(resp.headers.get("x-gymloop-model-version", "-1")))
         seen["tokens"] += completion.usage.completion_tokens if completion.usage else 0
-        message = completion.choices[0].message
-        if message.tool_calls:          # parsed by the server: back to the text the verifier reads
-            return call_text(message.content, [c.model_dump() for c in message.tool_calls])
-        return message.content or ""
+        return reply_text(completion.choices[0].message)
 
     _, score = run_episode(env, task, reply, max_turns)
     return score.reward, seen["trace_id"], seen["versions"], seen["tokens"]
