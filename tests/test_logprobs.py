@@ -140,3 +140,32 @@ def test_a_scorer_built_once_sees_the_weights_change(tok):
     after = score(b).detach()
     assert not torch.allclose(before, after, atol=1e-4)                 # the update is seen ...
     assert torch.allclose(after, token_logprobs(model, b) * b.loss_mask, atol=1e-5)     # ... and is the model's
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_grpo_groups_share_their_prompt_and_train_as_the_plain_forward(tok, lora):
+    """GRPO's objective reads the trained tokens' log-probs through completion_logps: a group's
+    samples share one prompt, which runs once. Its loss and gradients at a sampling temperature
+    are those of the plain forward (token_logprobs), natively and through a LoRA adapter."""
+    from gymloop.algorithms import PolicyLoss
+    from gymloop.trainer.objectives import PolicyObjective
+
+    model = tiny_llama(tok.vocab_size, seed=0)
+    if lora:
+        from gymloop.models.lora import wrap
+
+        model = wrap(model, {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    # two groups of three samples: each group's rows share their prompt, the groups do not
+    b = batch_of(tok, ["1+2=", "1+2=", "1+2=", "13+40=", "13+40=", "13+40="])
+    b.input_ids[[1, 4], -1] = 5                             # samples of one prompt differ
+    with torch.no_grad():
+        b.old_logp = token_logprobs(model, b, 0.7) * b.loss_mask
+    adv = torch.tensor([1.0, -0.5, -0.5, 0.3, 0.2, -0.5])
+    objective = PolicyObjective(PolicyLoss(), adv, temperature=0.7)
+    objective.prepare(model, None, b)
+    loss, _, _ = objective(model, b, torch.arange(len(b)))
+    plain_logp = token_logprobs(model, b, 0.7)
+    plain, _ = PolicyLoss()(plain_logp, b.old_logp, adv, b.loss_mask)
+    assert torch.allclose(loss, plain, atol=1e-6)
+    for g1, g2 in zip(grads(model, loss), grads(model, plain)):
+        assert torch.allclose(g1, g2, atol=1e-5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
@@ -246,31 +247,37 @@ class CompletionLogprobs:
     def __init__(self, model: torch.nn.Module) -> None:
         from ..engine.llama import LlamaBackend, supports
 
+        from .sharding import is_sharded
+
         self.model = model
         self.moe = bool(routers(model))
-        self.native = LlamaBackend(model) if not self.moe and supports(model) is None else None
+        # a sharded model's (FSDP) parameters are DTensors, gathered by hooks on its own forward
+        self.plain = self.moe or is_sharded(model)
+        self.native = LlamaBackend(model) if not self.plain and supports(model) is None else None
 
-    def __call__(self, batch: TokenBatch) -> torch.Tensor:
+    def __call__(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         """logp [N, L] of the trained tokens (loss_mask 1; other positions 0), the same values
-        as token_logprobs with less work. A Llama-family model runs the engine's native forward
-        on packed rows (pack_rows): a prefix common to the whole batch (a system prompt) once, a
-        DPO pair's prompt once for both answers, no token after a row's last trained one, and a
-        last layer that computes only what the trained tokens read. Other models run a long
-        common prefix once through their own forward (its keys and values repeated for every
-        row, gradients flowing back through them). Both project onto the vocabulary only the
-        positions that predict a trained token. MoE models (router losses and replay over every
-        position) and other models without a long common prefix take the plain path."""
+        as token_logprobs (at `temperature`) with less work. A Llama-family model runs the
+        engine's native forward on packed rows (pack_rows): a prefix common to the whole batch
+        (a system prompt) once, a GRPO group's prompt once for its samples and a DPO pair's once
+        for both answers, no token after a row's last trained one, and a last layer that computes
+        only what the trained tokens read. Other models run a long common prefix once through
+        their own forward (its keys and values repeated for every row, gradients flowing back
+        through them). Both project onto the vocabulary only the positions that predict a trained
+        token. MoE models (router losses and replay over every position), sharded ones (FSDP) and
+        other models without a long common prefix take the plain path."""
         model = self.model
         n, length = batch.input_ids.shape
         rows = Rows.of(batch)
         p = rows.shared_prefix()
-        if self.moe or (p < MIN_SHARED_PREFIX and self.native is None):
-            return token_logprobs(model, batch) * batch.loss_mask
+        if self.plain or (p < MIN_SHARED_PREFIX and self.native is None):
+            return token_logprobs(model, batch, temperature) * batch.loss_mask
+        t = temperature if temperature not in (0.0, 1.0) else 1.0
         full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
         if self.native is not None:
             k = pack_rows(batch, head=p if p >= MIN_SHARED_PREFIX else 0, rows=rows).to(batch.input_ids.device)
             logits = self.native.packed_logits(k.head, k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
-            full[k.row, k.col] = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
+            full[k.row, k.col] = torch.log_softmax(logits.float() / t, -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
             return full * batch.loss_mask
         # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)
         want = batch.loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)
@@ -279,7 +286,7 @@ class CompletionLogprobs:
         cache.batch_repeat_interleave(n)                               # [1, heads, P, d] -> [N, heads, P, d]
         logits = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask, cache=cache,
                        use_cache=False, logits_to_keep=want - p).logits               # [N, K, V]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
+        lp = torch.log_softmax(logits.float() / t, -1).gather(-1, batch.input_ids[:, want + 1][..., None]).squeeze(-1)
         full[:, want + 1] = lp                                         # [N, K] back to token positions
         return full * batch.loss_mask
 
@@ -287,3 +294,16 @@ class CompletionLogprobs:
 def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     """logp [N, L] of the trained tokens (CompletionLogprobs, built for this one call)."""
     return CompletionLogprobs(model)(batch)
+
+
+_SCORERS: "weakref.WeakKeyDictionary[torch.nn.Module, CompletionLogprobs]" = weakref.WeakKeyDictionary()
+
+
+def scorer_of(model: torch.nn.Module) -> CompletionLogprobs:
+    """The model's CompletionLogprobs, built on its first use and kept while the model lives: an
+    objective made anew every step (GRPO's, with that step's advantages, possibly unpickled in a
+    Ray trainer) finds the one built for the trainer's model instead of walking its modules again."""
+    score = _SCORERS.get(model)
+    if score is None:
+        score = _SCORERS[model] = CompletionLogprobs(model)
+    return score

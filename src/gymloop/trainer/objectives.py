@@ -21,7 +21,7 @@ from ..algorithms.aggregation import AGGREGATIONS
 from ..algorithms.dpo import DPOLoss, sequence_logps
 from ..algorithms.losses import PolicyLoss
 from ..algorithms.sft import sft_loss
-from .logprobs import CompletionLogprobs, TokenBatch, logprobs_and_aux, token_logprobs
+from .logprobs import CompletionLogprobs, TokenBatch, logprobs_and_aux, scorer_of
 
 Step = tuple[torch.Tensor, dict, "torch.Tensor | None"]
 
@@ -53,7 +53,9 @@ class PolicyObjective:
 
     The ratio is taken against log-probs fixed before the first update (the behaviour
     log-probs stored in the batch, or the proximal policy's when the loss corrects the
-    behaviour mismatch), so later passes over the batch stay correct."""
+    behaviour mismatch), so later passes over the batch stay correct. Log-probs are those of
+    the trained tokens only (completion_logps): a group's shared prompt runs once for its
+    samples, and only the positions that predict a sampled token reach the vocabulary."""
 
     loss: PolicyLoss
     advantages: torch.Tensor
@@ -66,9 +68,12 @@ class PolicyObjective:
         if self.loss.needs_ref and ref is None:
             raise ValueError("the loss has a KL term (beta > 0) but the trainer was built without a reference model")
         self.advantages = self.advantages.to(batch.input_ids.device)
-        self.ref_logp = token_logprobs(ref, batch, self.temperature) if self.loss.needs_ref else None
+        self.ref_logp = self._logp(ref, batch)[0] if self.loss.needs_ref else None
         # the trainer's own weights before this step: the decoupled-PPO proximal policy
-        self.prox_logp = token_logprobs(model, batch, self.temperature) if self.loss.needs_proximal else None
+        self.prox_logp = self._logp(model, batch)[0] if self.loss.needs_proximal else None
+
+    def _logp(self, model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return completion_logps(scorer_of(model), batch, self.temperature)
 
     def count(self, mb: TokenBatch) -> float:
         """What the loss of `mb` is divided by (its trained tokens or sequences, across ranks):
@@ -77,7 +82,7 @@ class PolicyObjective:
         return n if n is not None else float(AGGREGATIONS.impl(self.loss.agg).count(mb.loss_mask.float()).clamp(min=1))
 
     def __call__(self, model, mb: TokenBatch, rows: torch.Tensor, normalizer: float | None = None) -> Step:
-        logp, aux = logprobs_and_aux(model, mb, self.temperature)
+        logp, aux = self._logp(model, mb)
         value, m = self.loss(logp, mb.old_logp, self.advantages[rows], mb.loss_mask,
                              proximal_logp=None if self.prox_logp is None else self.prox_logp[rows],
                              ref_logp=None if self.ref_logp is None else self.ref_logp[rows],
@@ -85,14 +90,16 @@ class PolicyObjective:
         return value, m, aux
 
 
-def completion_logps(score: CompletionLogprobs, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logp [N, L] of the trained tokens, an MoE router's aux loss or None): packed rows or the
-    shared prefix run once and only trained positions are projected onto the vocabulary
-    (trainer/logprobs.CompletionLogprobs, built once per job); MoE models take the full path with
-    their router loss."""
+def completion_logps(score: CompletionLogprobs, batch: TokenBatch,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp [N, L] of the trained tokens (0 elsewhere), an MoE router's aux loss or None): packed
+    rows or the shared prefix run once and only trained positions are projected onto the
+    vocabulary (trainer/logprobs.CompletionLogprobs, built once per model); MoE models take the
+    full path with their router loss and router replay."""
     if score.moe:
-        return logprobs_and_aux(score.model, batch)
-    return score(batch), None
+        logp, aux = logprobs_and_aux(score.model, batch, temperature)
+        return logp * batch.loss_mask, aux
+    return score(batch, temperature), None
 
 
 @dataclass
