@@ -283,6 +283,35 @@ def test_calls_v2_renames_tools_and_arguments_in_the_schemas_too():
     assert not {t.prompt[-1]["content"] for t in held} & {t.prompt[-1]["content"] for t in v2.sample_tasks(150, "train", 5)}
 
 
+def test_calls_components_give_partial_credit_and_weights_turn_them_into_a_signal():
+    """A group where no call is right has no GRPO signal from the reward; with reward_weights the
+    right tool, and then the right argument names, are worth something (train's score())."""
+    from types import SimpleNamespace
+
+    from gymloop.config import GRPOConfig
+    from gymloop.orchestrator.train import score
+
+    env = make_env("calls@v2", heldout="requests")
+    t = env.sample_tasks(1, "train", 0)[0]
+    name, args = t.answer["name"], t.answer["arguments"]
+    other = next(n for n in t.info["tools"] if n != name)
+    bad_values = {k: v + 1 if isinstance(v, int) else v + "x" for k, v in args.items()}
+    replies = [format_call(name, bad_values),                       # right tool and names, wrong values
+               format_call(name, {k + "_old": v for k, v in args.items()}),   # right tool, other names
+               format_call(other, args), "I cannot help with that."]
+    scores = [env.verify(t, [{"role": "assistant", "content": r}]) for r in replies]
+    assert [s.reward for s in scores] == [0.0] * 4
+    assert [(s.components["tool"], s.components["arguments"]) for s in scores] == [(1, 1), (1, 0), (0, 0), (0, 0)]
+    rollouts = [SimpleNamespace(ok=True, reward=s.reward, score=s, mask=[1]) for s in scores]
+    assert score(rollouts, GRPOConfig(group_size=4), 48).signal_groups == 0
+    shaped = score(rollouts, GRPOConfig(group_size=4, reward_weights={"tool": 0.25, "arguments": 0.25,
+                                                                       "correct": 0.5}), 48)
+    adv = shaped.advantages.tolist()
+    assert shaped.signal_groups == 1 and adv[0] > adv[1] > adv[2] == adv[3]
+    with pytest.raises(ValueError, match="does not report"):
+        score(rollouts, GRPOConfig(group_size=4, reward_weights={"tool_name": 1.0}), 48)
+
+
 def test_calls_demonstrations_are_openai_function_calling_rows():
     env = make_env("calls")
     t = env.sample_tasks(1, "train", 0)[0]

@@ -95,6 +95,11 @@ class GRPOConfig(_Strict):
     overlong_cache: int = Field(0, ge=0, description="DAPO's soft overlong penalty: replies within this many "
                                 "tokens of the budget (max_new_tokens x max_turns) lose up to 1 reward, "
                                 "linearly; over it, 1. 0 = off.")
+    reward_weights: dict[str, float] = Field(
+        default_factory=dict, description="Train on a weighted sum of the verifier's reward components "
+        "instead of its reward (TRL's reward_weights), e.g. calls: {tool: 0.25, arguments: 0.25, correct: 0.5}, "
+        "partial credit for a call of the right tool, so a group that never gets the whole call right still "
+        "has a signal. Success, evaluation and the gate read the reward. Empty: the reward.")
     epochs: int = Field(1, ge=1, description="Passes over each batch (>1 makes the ratio clip matter).")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
     micro_batch: int = Field(0, ge=0, description="Rows per forward/backward pass (0: a minibatch at once). "

@@ -5,7 +5,7 @@
                                     which combines one with a correction, a KL and an aggregation
     corrections.py   CORRECTIONS    trainer/behaviour mismatch corrections (none, tis, icepop)
     aggregation.py   AGGREGATIONS   per-token losses -> a scalar (token-mean, seq-mean)
-    shaping.py                      reward shaping before advantages (DAPO's overlong penalty)
+    shaping.py                      reward shaping before advantages (DAPO's overlong penalty, weighted components)
     sft.py                          supervised NLL
 """
 from .advantages import ADVANTAGES, Advantages, advantages_for, group_advantages
@@ -13,10 +13,10 @@ from .aggregation import AGGREGATIONS, aggregate
 from .corrections import CORRECTIONS
 from .losses import LOSSES, PolicyLoss
 from .sft import sft_loss
-from .shaping import overlong_penalty
+from .shaping import overlong_penalty, weighted_components
 
 __all__ = ["ADVANTAGES", "AGGREGATIONS", "Advantages", "CORRECTIONS", "LOSSES", "PolicyLoss", "advantages_for",
-           "aggregate", "group_advantages", "overlong_penalty", "sft_loss", "table"]
+           "aggregate", "group_advantages", "overlong_penalty", "sft_loss", "table", "weighted_components"]
 
 
 def table() -> list[tuple[str, str, str]]:

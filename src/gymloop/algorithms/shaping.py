@@ -1,6 +1,8 @@
 """Reward shaping applied before advantages."""
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import torch
 
 
@@ -19,3 +21,21 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.T
     x = lengths.float()
     return torch.where(x <= soft, torch.zeros_like(x),
                        torch.where(x <= max_len, (soft - x) / cache, -torch.ones_like(x)))
+
+
+def weighted_components(components: Sequence[Mapping[str, float] | None], weights: Mapping[str, float]) -> list[float]:
+    """One reward per episode: sum_k weights[k] * components[k] of its verdict (TRL's reward_weights
+    over reward functions; here the functions are a verifier's components). None (an episode
+    whose infrastructure failed, left out of training anyway) gives 0. A weight naming a
+    component the verifier does not report is an error, not a silent 0."""
+    out = []
+    for c in components:
+        if c is None:
+            out.append(0.0)
+            continue
+        missing = sorted(set(weights) - set(c))
+        if missing:
+            raise ValueError(f"reward_weights name {missing}, which the verifier does not report "
+                             f"(its components: {sorted(c)})")
+        out.append(sum(w * float(c[k]) for k, w in weights.items()))
+    return out

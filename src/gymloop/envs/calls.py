@@ -15,8 +15,10 @@ requests it never saw, which is what a loop's gate needs after such a drift.
 
 Verified on the reply's calls (gymloop's one tool format, models/toolcalls.py): reward 1 when it
 is exactly one well-formed call of the expected tool with the expected arguments (strings
-compared case-insensitively, numbers by value); `valid` is 1 when the call names an offered tool
-with its required arguments, right or not.
+compared case-insensitively, numbers by value). Components: `valid` (the call names an offered
+tool with its required arguments, right or not), `tool` (one call, of the expected tool),
+`arguments` (and with the expected argument names), `correct` (the reward): partial credit
+for training (grpo.reward_weights) on what a renamed API breaks first.
 """
 from __future__ import annotations
 
@@ -276,14 +278,16 @@ class CallsEnv(Environment):
         want = task.answer
         if parsed.errors or len(parsed.calls) != 1:
             why = parsed.errors[0] if parsed.errors else f"{len(parsed.calls)} calls, expected 1"
-            return Score(0.0, {"valid": 0.0, "correct": 0.0}, why)
+            return Score(0.0, dict.fromkeys(("valid", "tool", "arguments", "correct"), 0.0), why)
         call = parsed.calls[0]
         tool = self._by_name.get(call.name)
         valid = float(call.name in task.info["tools"] and tool is not None and set(call.arguments) == set(tool.params))
-        correct = float(call.name == want["name"] and set(call.arguments) == set(want["arguments"]) and all(
-            _matches(call.arguments[k], v) for k, v in want["arguments"].items()))
-        reason = "correct" if correct else ("wrong tool" if call.name != want["name"] else "wrong arguments")
-        return Score(correct, {"valid": valid, "correct": correct}, reason)
+        right_tool = call.name == want["name"]
+        names = right_tool and set(call.arguments) == set(want["arguments"])
+        correct = float(names and all(_matches(call.arguments[k], v) for k, v in want["arguments"].items()))
+        reason = "correct" if correct else ("wrong tool" if not right_tool else "wrong arguments")
+        return Score(correct, {"valid": valid, "tool": float(right_tool), "arguments": float(names),
+                               "correct": correct}, reason)
 
     def demonstration(self, task: Task) -> dict:
         """A supervised fine-tuning row in OpenAI's function-calling format: the request, then the

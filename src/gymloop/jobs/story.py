@@ -67,6 +67,9 @@ class StoryConfig(_Strict):
     train_only: list[str] = Field(default_factory=list, description="GRPO trains only the parameters matching "
                                   "these patterns (grpo.train_only; empty: all).")
     micro_batch: int = Field(0, ge=0, description="Rows per forward/backward pass (grpo.micro_batch).")
+    reward_weights: dict[str, float] = Field(default_factory=dict, description="GRPO trains on this weighted "
+                                             "sum of the verifier's components (grpo.reward_weights; empty: "
+                                             "its reward).")
     lr: float = Field(2e-4, gt=0, description="GRPO learning rate (tools@v3 came back in 2-3 rounds at this rate on "
                       "seeds 0-2; at 5e-5 it took 4-5).")
     temperature: float = Field(0.7, gt=0, description="Rollout sampling temperature.")
@@ -118,14 +121,16 @@ def _smollm2_calls(progress: bool) -> Path:
 STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Sized for ~30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes ~1 min
-# there, so three rounds of 6 steps; the top 4 of 30 layers train (backward stops below them).
-# 4 tasks x 8 samples, not 8 x 4: production's failures are hard (at 8 x 4, 4-20 of a step's 32
-# samples had a signal) and a group's copies are prefilled once.
+# Sized for ~30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes ~25 s
+# there (a group's prompt is prefilled and trained once), so three rounds of 8 steps; the top 4
+# of 30 layers train (backward stops below them). 4 tasks x 8 samples, not 8 x 4: production's
+# failures are hard (at 8 x 4, 4-20 of a step's 32 samples had a signal), and partial credit for
+# the right tool and argument names gives a group whose calls are all wrong a signal still.
 AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
-                   requests_per_round=48, concurrency=16, steps_per_round=6, prompts_per_step=4, group_size=8,
+                   requests_per_round=48, concurrency=16, steps_per_round=8, prompts_per_step=4, group_size=8,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
-                   train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
+                   train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."],
+                   reward_weights={"tool": 0.25, "arguments": 0.25, "correct": 0.5})
 
 
 def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int, db: str) -> LoopConfig:
@@ -136,7 +141,8 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
         grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                         lr=cfg.lr, warmup_steps=cfg.warmup_steps, betas=(0.9, 0.999),
-                        train_only=cfg.train_only, micro_batch=cfg.micro_batch),
+                        train_only=cfg.train_only, micro_batch=cfg.micro_batch,
+                        reward_weights=cfg.reward_weights),
         eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.max_new_tokens),
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),

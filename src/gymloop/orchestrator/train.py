@@ -36,7 +36,7 @@ from ..rollout.sources import AsyncSource, ProcessSource, SyncSource
 from ..sync.publish import weight_sync
 from ..tracking.progress import progress as progress_bar
 from ..tracking.run_dir import Phases, RunDir
-from ..algorithms import Advantages, PolicyLoss, advantages_for, overlong_penalty
+from ..algorithms import Advantages, PolicyLoss, advantages_for, overlong_penalty, weighted_components
 from ..trainer.objectives import PolicyObjective
 from ..trainer.state import STATE_FILE
 from ..trainer.trainer import Trainer, rollouts_to_batch
@@ -75,12 +75,15 @@ def policy_loss(g: GRPOConfig) -> PolicyLoss:
 
 
 def score(rollouts: list, g: GRPOConfig, budget: int) -> Advantages:
-    """Advantages of a step's rollouts: rewards (shaped by the overlong penalty when on) ->
-    the configured estimator; groups without signal dropped when configured or dynamic sampling."""
+    """Advantages of a step's rollouts: rewards (the verifier's, or a weighted sum of its
+    components; plus the overlong penalty when on) -> the configured estimator; groups without
+    signal dropped when configured or dynamic sampling."""
     rewards = None
+    if g.reward_weights:
+        rewards = weighted_components([r.score.components if r.ok else None for r in rollouts], g.reward_weights)
     if g.overlong_cache:
         lengths = torch.tensor([sum(r.mask) for r in rollouts])
-        rewards = (torch.tensor([float(r.reward) for r in rollouts])
+        rewards = (torch.tensor(rewards if rewards is not None else [float(r.reward) for r in rollouts])
                    + overlong_penalty(lengths, budget, g.overlong_cache)).tolist()
     return advantages_for(rollouts, g.group_size, g.advantage, g.drop_zero_signal or g.dynamic_sampling, rewards)
 
