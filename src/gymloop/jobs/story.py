@@ -133,12 +133,10 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # The reward is the verifier's: partial credit for the right tool and argument names
 # (reward_weights {tool: .25, arguments: .25, correct: .5}) took held-out v2 from 52% to 31% in a
 # round of 8 steps (2026-12-03), where the plain reward had gained.
-# One task in four is a production failure, the rest fresh v2 requests: with three in four, 30
-# steps cycled over production's ~16 failed requests, whose training reward rose 0.31 -> 0.81 in a
-# round while held-out v2 rose 2 points (memorised requests, not the new names; 2026-12-03).
+# Three tasks in four are production failures after the drift (two before): one in four, the rest
+# fresh v2 requests (production_share 0.25), did worse in one run (docs/runs/agent-story-2026-12-03-5.txt).
 AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
                    requests_per_round=48, concurrency=16, steps_per_round=10, prompts_per_step=4, group_size=8,
-                   production_share=0.25, drift_production_share=0.25,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
                    train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
 
