@@ -87,7 +87,9 @@ def test_loop_report_renders_in_chromium(tmp_path, tiny_model_dir, monkeypatch):
         tid = store.traces.add(model="m", model_version=1, request={}, response={}, prompt_tokens=1,
                               completion_tokens=1, latency_s=0.1)
         store.traces.add_feedback(tid, reward=float(i % 2), env="digit", task_id=f"d{i}")
-    run_loop(cfg, echo=lambda m: None)
+    # the test's environment cannot rebuild a task from its id: said, not silently dropped
+    with pytest.warns(UserWarning, match="no task_from_id"):
+        run_loop(cfg, echo=lambda m: None)
     charts = check_page((tmp_path / "runs" / "seen" / "report.html").as_uri(), tmp_path, "loop-report")
     assert len(charts.charts) == 7 and all(charts.marks.get(c, 0) > 0 for c in charts.charts), charts.marks
 
