@@ -108,7 +108,7 @@ def test_responses_api_with_the_openai_client(server, client):
     assert carried == [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": first.output_text},
                        {"role": "user", "content": "again"}]
     assert client.responses.retrieve(first.id).output_text == first.output_text
-    from openai import NotFoundError, OpenAI
+    from openai import NotFoundError
 
     with pytest.raises(NotFoundError):
         client.responses.retrieve("resp_nope")

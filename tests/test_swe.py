@@ -19,7 +19,7 @@ from gymloop.swe.env import SweConfig, SweEnv, hunk_edits
 from gymloop.swe.harness import Harness
 from gymloop.swe.instance import Instance, dump_instances, load_instances
 from gymloop.swe.mutate import OPERATORS, mutations
-from gymloop.swe.repos import apply_patch, patch_paths, read_tree, unified_diff
+from gymloop.swe.repos import apply_patch, patch_paths, unified_diff
 from gymloop.models.toolcalls import format_call
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed")

@@ -275,7 +275,7 @@ def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_di
 
     from gymloop.engine import SamplingParams
     from gymloop.rollout.sources import ProcessSource
-    from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
+    from conftest import DigitEnv, tiny_llama
 
     tok_ = __import__("gymloop.models.chat", fromlist=["x"]).ChatTokenizer(
         __import__("gymloop.models.chat", fromlist=["x"]).build_char_tokenizer())
