@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
@@ -296,14 +295,13 @@ def completion_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tens
     return CompletionLogprobs(model)(batch)
 
 
-_SCORERS: "weakref.WeakKeyDictionary[torch.nn.Module, CompletionLogprobs]" = weakref.WeakKeyDictionary()
-
-
 def scorer_of(model: torch.nn.Module) -> CompletionLogprobs:
-    """The model's CompletionLogprobs, built on its first use and kept while the model lives: an
-    objective made anew every step (GRPO's, with that step's advantages, possibly unpickled in a
-    Ray trainer) finds the one built for the trainer's model instead of walking its modules again."""
-    score = _SCORERS.get(model)
-    if score is None:
-        score = _SCORERS[model] = CompletionLogprobs(model)
+    """The model's CompletionLogprobs, built on its first use and kept on the model: an objective
+    made anew every step (GRPO's, with that step's advantages, possibly unpickled in a Ray
+    trainer) finds the one built for the trainer's model instead of walking its modules again.
+    Kept in the model's __dict__ (not a parameter or buffer: no state_dict sees it); a weak-keyed
+    table would never drop it, its value holding the model."""
+    score = model.__dict__.get("_completion_logprobs")
+    if score is None or score.model is not model:
+        score = model.__dict__["_completion_logprobs"] = CompletionLogprobs(model)
     return score
