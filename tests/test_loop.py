@@ -1,11 +1,13 @@
 """The continuous loop: gate decisions, promotion into the store, crash-safe rounds."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -40,6 +42,9 @@ def test_loop_promotes_a_better_model_and_rejects_the_rest(tmp_path, tiny_model_
     assert versions[2]["status"] == "promoted" and versions[2]["parent"] == 1
     assert versions[3]["status"] == "rejected" and versions[3]["parent"] == 2
     assert store.versions.promoted()["version"] == 2
+    # a round's training does not evaluate: the gate measured before and after
+    runs = list((Path(cfg.run_dir) / cfg.name).glob("round-*/summary.json"))
+    assert len(runs) == 2 and all(json.loads(r.read_text())["base"] is None for r in runs)
     # resuming a finished loop does nothing more
     assert len(run_loop(cfg, echo=lambda m: None)) == 2
 

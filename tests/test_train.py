@@ -269,6 +269,22 @@ def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
         if r["kind"] == "train")
 
 
+def test_a_run_with_no_held_out_tasks_trains_without_evaluating(tmp_path, tiny_model_dir, digit_env):
+    from gymloop.cli import before_after_table
+    from gymloop.orchestrator.train import train
+
+    cfg = digit_cfg(tmp_path, tiny_model_dir, steps=3)
+    cfg.eval = cfg.eval.model_copy(update={"tasks": 0, "every": 1, "ks": [2], "samples": 2})
+    s = train(cfg, progress=False, echo=lambda m: None)
+    kinds = [json.loads(x)["kind"] for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert kinds == ["train"] * 3 and s["steps"] == 3
+    assert s["base"] is None and s["final"] is None and s["gain_pass1_points"] is None
+    assert "evaluation" not in s["phase_seconds"] and s["economics"]["intelligence_per_dollar"] is None
+    assert s["economics"]["post_training_dollars"] > 0
+    assert "no held-out evaluation" in before_after_table(s)
+    assert (Path(s["run_dir"]) / "checkpoint").is_dir()
+
+
 def test_killed_collector_process_is_an_error_not_a_hang(tmp_path, tiny_model_dir, digit_env):
     import os
     import signal

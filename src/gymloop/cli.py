@@ -21,15 +21,16 @@ def before_after_table(summary: dict) -> str:
     b, f = summary["base"], summary["final"]
     rows = [["metric", "base", "after GRPO", "change"]]
     for key, label in (("pass1", "held-out pass@1"), ("mean_reward", "mean reward"),
-                       ("format_rate", "format ok")):
+                       ("format_rate", "format ok")) if b is not None else ():
         rows.append([label, f"{100 * b[key]:.1f}%", f"{100 * f[key]:.1f}%",
                      f"{100 * (f[key] - b[key]):+.1f} pts"])
-    for k in sorted(set(b.get("pass_at_k", {})) & set(f.get("pass_at_k", {}))):
+    for k in sorted(set((b or {}).get("pass_at_k", {})) & set((f or {}).get("pass_at_k", {}))):
         rows.append([f"pass@{k}", f"{100 * b['pass_at_k'][k]:.1f}%", f"{100 * f['pass_at_k'][k]:.1f}%",
                      f"{100 * (f['pass_at_k'][k] - b['pass_at_k'][k]):+.1f} pts"])
     ph = summary["phase_seconds"]
     eco = summary.get("economics") or {}
-    lines = [_table(rows), "",
+    scored = b is not None                         # eval.tasks 0: the run did not evaluate
+    lines = [_table(rows) if scored else "no held-out evaluation (eval.tasks: 0)", "",
              f"{summary['heldout_tasks']} held-out {summary['env']} tasks; {summary['steps']} GRPO steps; "
              f"{summary['tokens_generated']:,} tokens generated; "
              f"{100 * summary['zero_signal_group_fraction']:.0f}% of groups had no signal",

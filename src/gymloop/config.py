@@ -135,7 +135,8 @@ class GRPOConfig(_Strict):
 class EvalConfig(_Strict):
     """Held-out evaluation."""
 
-    tasks: int = Field(500, ge=1, description="Held-out tasks (greedy pass@1 and mean reward).")
+    tasks: int = Field(500, ge=0, description="Held-out tasks (greedy pass@1 and mean reward). 0: the run does not "
+                       "evaluate (a loop round's training: the gate measures the candidate on the same suite).")
     every: int = Field(50, ge=0, description="Evaluate every N training steps (0 = only at start and end).")
     ks: list[int] = Field(default_factory=list, description="k values of pass@k (sampled).")
     samples: int = Field(0, ge=0, description="Samples per task for pass@k (>= max k).")

@@ -102,7 +102,7 @@ class Ledger:
     def restore(self, state: dict[str, dict]) -> None:
         self.entries = {p: Entry(**e) for p, e in state.items()}
 
-    def summary(self, base_score: float, final_score: float, post_training_phases: tuple[str, ...],
+    def summary(self, base_score: float | None, final_score: float | None, post_training_phases: tuple[str, ...],
                 generation_seconds: float | None = None) -> dict:
         """Costs by phase, cost per 1M generated tokens, intelligence per dollar, projections.
 
@@ -114,7 +114,8 @@ class Ledger:
         gen = self.entries.get("generation", Entry("generation"))
         post_s = sum(self.entries[p].seconds for p in post_training_phases if p in self.entries)
         post_usd = self.dollars(post_s)
-        gained = 100 * (final_score - base_score)
+        # points and intelligence per dollar need both scores (a run that did not evaluate has none)
+        gained = None if base_score is None or final_score is None else 100 * (final_score - base_score)
         flops = sum(e.flops for e in self.entries.values())
         return {
             "profile": self.profile_name, "usd_per_hour": self.profile.usd_per_hour,
@@ -125,7 +126,7 @@ class Ledger:
                 / gen.generated_tokens * 1e6 if gen.generated_tokens else None),
             "post_training_dollars": post_usd,
             "points_gained": gained,
-            "intelligence_per_dollar": gained / post_usd if post_usd > 0 else None,
+            "intelligence_per_dollar": gained / post_usd if gained is not None and post_usd > 0 else None,
             "flops": flops,
         }
 

@@ -97,5 +97,12 @@ class LoopConfig(RunBlocks):
                              "leave every round after the first at the floor)")
         return g
 
+    @field_validator("eval")
+    @classmethod
+    def _gate_tasks(cls, e: EvalConfig) -> EvalConfig:
+        if e.tasks < 1:
+            raise ValueError("eval.tasks is the gate's tasks per suite in a loop: it must be >= 1")
+        return e
+
     def gate_run(self) -> GateRun:
         return GateRun(env=self.env, suites=self.suites, eval=self.eval, seed=self.seed, gate=self.gate)

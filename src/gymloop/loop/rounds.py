@@ -69,8 +69,11 @@ class Trained:
 def grpo_round(ctx: RoundContext) -> Trained:
     """GRPO from the round's start model (its optimizer state carried on) on the curriculum."""
     cfg, r = ctx.cfg, ctx.r
+    # The training run does not evaluate: the gate measures the start model and the candidate on
+    # the same suite (its own held-out passes would repeat both, half of a short round's time).
     tcfg = TrainConfig(**{**cfg.blocks(), "model": ctx.start_dir, "seed": round_seed(cfg.seed, r),
-                          "run_dir": str(ctx.out_dir.parent), "name": ctx.out_dir.name},
+                          "run_dir": str(ctx.out_dir.parent), "name": ctx.out_dir.name,
+                          "eval": cfg.eval.model_copy(update={"tasks": 0})},
                        init_trainer_state=ctx.start_dir if has_state(ctx.start_dir) else None)
     with ctx.phases.time("curriculum"):
         source, cur_stats = curriculum(cfg.curriculum, cfg.env, cfg.grpo.prompts_per_step, tcfg.seed, ctx.store, r,

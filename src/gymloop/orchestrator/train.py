@@ -222,7 +222,7 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
                                                      if engine.native_unsupported else ""))
     env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
-    run = Run(cfg, Path(model_path), model, tok, env, engine, None, env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed),
+    run = Run(cfg, Path(model_path), model, tok, env, engine, None, _heldout(env, cfg),
               run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
               cfg.sampling.max_new_tokens * cfg.env.max_turns, task_source=task_source,
               t_start=t_start, setup_t0=setup_t0)
@@ -237,12 +237,17 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     return run
 
 
+def _heldout(env, cfg: TrainConfig) -> list:
+    """The run's held-out tasks (none with eval.tasks 0: the run does not evaluate)."""
+    return env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed) if cfg.eval.tasks else []
+
+
 def _restore(run: Run, saved: dict) -> None:
     """Continue from a checkpoint's progress: its step, counters, clocks and ledger."""
-    p = RunProgress(**{k: v for k, v in saved.items() if k in RunProgress.__dataclass_fields__})
-    if p.base is None:
+    if not saved:
         raise ValueError(f"resume_from {run.cfg.resume_from}: its state has no run progress (a checkpoint "
                          "of an older version, or only an optimizer state: use init_trainer_state)")
+    p = RunProgress(**{k: v for k, v in saved.items() if k in RunProgress.__dataclass_fields__})
     run.progress = p
     run.phases.seconds = dict(p.phase_seconds)
     run.ledger.restore(p.ledger)
@@ -261,8 +266,9 @@ def _make_source(run: Run):
 
 
 def evaluate_base(run: Run, progress: bool) -> None:
-    """Held-out evaluation of the model before the first step (a resumed run has it already)."""
-    if run.progress.base is not None:
+    """Held-out evaluation of the model before the first step (a resumed run has it already;
+    eval.tasks 0: none)."""
+    if run.progress.base is not None or not run.heldout:
         return
     cfg = run.cfg
     with run.phases.time("evaluation"):
@@ -323,7 +329,8 @@ def log_step(run: Run, step: int, got, rollouts, st, adv, refills: int, metrics:
                     trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
                     gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
                     dropped_stale=got.dropped_stale, refills=refills, **metrics)
-        bar.set_postfix(reward=f"{reward:.2f}", held=f"{run.progress.last['pass1']:.2f}", refresh=False)
+        held = {"held": f"{run.progress.last['pass1']:.2f}"} if run.progress.last else {}
+        bar.set_postfix(reward=f"{reward:.2f}", **held, refresh=False)
     return reward
 
 
@@ -331,7 +338,8 @@ def evaluate_step(run: Run, step: int, metrics: dict) -> bool:
     """Held-out evaluation at the last step and every `eval.every`; True when it reached
     `stop_at_pass1` (the run stops)."""
     cfg = run.cfg
-    if not ((cfg.grpo.steps and step == cfg.grpo.steps) or (cfg.eval.every and step % cfg.eval.every == 0)):
+    due = (cfg.grpo.steps and step == cfg.grpo.steps) or (cfg.eval.every and step % cfg.eval.every == 0)
+    if not (due and run.heldout):
         return False
     with run.phases.time("evaluation"):
         last = _eval(run.engine, run.tok, run.env, run.heldout, cfg, collector=run.evaluator)
@@ -351,7 +359,7 @@ def finish(run: Run, progress: bool) -> None:
     cfg = run.cfg
     with run.phases.time("weight_sync"):
         run.sync.finish(run.engine.version)
-    if cfg.eval.ks:
+    if cfg.eval.ks and run.heldout:
         with run.phases.time("evaluation"):
             last = _eval(run.engine, run.tok, run.env, run.heldout, cfg, ks=cfg.eval.ks, progress=progress,
                          collector=run.evaluator)
@@ -371,7 +379,9 @@ def summarise(run: Run) -> dict:
     for phase, sec in run.phases.seconds.items():
         run.ledger.add(phase, sec)
     profiles = run.profiles
-    economics = run.ledger.summary(p.base["pass1"], p.last["pass1"], post_training_phases=LEARN_PHASES,
+    scored = p.base is not None                # eval.tasks 0: no held-out score, no points gained
+    economics = run.ledger.summary(p.base["pass1"] if scored else None, p.last["pass1"] if scored else None,
+                                   post_training_phases=LEARN_PHASES,
                                    generation_seconds=p.overlapped["generation"] if cfg.grpo.max_staleness else None)
     economics["wall_seconds"] = wall
     economics["projections"] = run.ledger.project(
@@ -383,7 +393,7 @@ def summarise(run: Run) -> dict:
         "heldout_tasks": len(run.heldout),
         "parameters": parameters, "active_parameters": active,
         "base": p.base, "final": p.last,
-        "gain_pass1_points": 100 * (p.last["pass1"] - p.base["pass1"]),
+        "gain_pass1_points": 100 * (p.last["pass1"] - p.base["pass1"]) if scored else None,
         "steps": run.engine.version, "optimizer_steps": run.trainer.step_count,
         "zero_signal_group_fraction": p.zero_groups / max(p.total_groups, 1),
         "tokens_generated": p.tokens_generated,

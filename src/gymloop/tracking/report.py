@@ -168,7 +168,8 @@ def write_report(run_dir: str | Path) -> Path:
     ]
     outcome = _table([["metric", "base", "final", "change"],
                       ["held-out pass@1", f"{b['pass1']:.1%}", f"{f['pass1']:.1%}", f"{100 * (f['pass1'] - b['pass1']):+.1f} pts"],
-                      ["mean reward", f"{b['mean_reward']:.3f}", f"{f['mean_reward']:.3f}", f"{f['mean_reward'] - b['mean_reward']:+.3f}"]])
+                      ["mean reward", f"{b['mean_reward']:.3f}", f"{f['mean_reward']:.3f}", f"{f['mean_reward'] - b['mean_reward']:+.3f}"]]
+                     ) if b is not None else "<p>No held-out evaluation (eval.tasks: 0).</p>"
     econ_rows = [["quantity", "value"],
                  ["hardware profile", f"{eco.get('profile', '?')} at ${eco.get('usd_per_hour', 0):.2f}/h"],
                  ["run cost", _usd(eco.get("dollars"))],
