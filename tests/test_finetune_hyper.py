@@ -33,6 +33,13 @@ def test_auto_uses_the_methods_multiplier_of_the_models_rate(method):
         3 * base_rate(135_000_000, False))
 
 
+@pytest.mark.parametrize("n", [50, 2000])
+def test_auto_epochs_are_the_methods_dpo_sees_each_pair_once(n):
+    assert resolve("dpo", {}, n).n_epochs == 1
+    assert resolve("supervised", {}, n).n_epochs == (5 if n < 100 else 3)
+    assert resolve("dpo", {"n_epochs": 4}, n).n_epochs == 4           # given, not auto
+
+
 def test_parameter_count_reads_the_saved_weights(tiny_model_dir):
     from gymloop.models.checkpoint import load_model, parameter_count
 

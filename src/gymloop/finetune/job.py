@@ -85,20 +85,35 @@ def _reinforcement(h: Hyper, pick: Pick, given: dict) -> None:
         raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
 
 
+def _epochs(n_examples: int) -> int:
+    """Auto epochs of SFT and RFT: 3 over 100 examples or more, 5 over fewer."""
+    return 3 if n_examples >= 100 else 5
+
+
+def _one_epoch(n_examples: int) -> int:
+    """Auto epochs of DPO: each pair once. A pair seen again is fitted by widening its margin,
+    and on pairs that differ in a few tokens the margin widens by lowering what both answers
+    share: SmolLM2's DPO job on 50 tool-call pairs (5 epochs) held its held-out validity after
+    epoch 1 (92% of 60 requests, correct 63% -> 67%) and lost it by epoch 5 (68%, correct 55%)."""
+    return 1
+
+
 @dataclass(frozen=True)
 class MethodHyper:
-    """A method's own hyper-parameters: its "auto" learning-rate multiplier, the fields it adds
-    to the common ones (reported as given), and how it resolves them."""
+    """A method's own hyper-parameters: its "auto" learning-rate multiplier and epochs (of the
+    number of examples), the fields it adds to the common ones (reported as given), and how it
+    resolves them."""
 
     auto_lr: float
     fields: tuple[str, ...] = ()
     resolve: Callable[[Hyper, Pick, dict], None] | None = None
+    auto_epochs: Callable[[int], int] = _epochs
 
 
 # "auto" learning rates: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
 METHOD_HYPER = {
     "supervised": MethodHyper(1.0),
-    "dpo": MethodHyper(0.1, ("beta", "length_normalize", "reference_free", "sft_weight"), _dpo),
+    "dpo": MethodHyper(0.1, ("beta", "length_normalize", "reference_free", "sft_weight"), _dpo, _one_epoch),
     "reinforcement": MethodHyper(0.2, ("compute_multiplier", "group_size", "max_new_tokens", "eval_interval",
                                        "eval_samples", "micro_batch_size"), _reinforcement),
 }
@@ -112,7 +127,7 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
         return auto if v == "auto" or v is None else v
     spec = METHOD_HYPER[method]
     batch = int(pick("batch_size", max(1, min(32, n_examples // 10))))
-    epochs = int(pick("n_epochs", 3 if n_examples >= 100 else 5))
+    epochs = int(pick("n_epochs", spec.auto_epochs(n_examples)))
     multiplier = float(pick("learning_rate_multiplier", spec.auto_lr))
     if batch < 1 or epochs < 1 or multiplier <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
