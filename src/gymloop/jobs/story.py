@@ -126,9 +126,10 @@ def _smollm2_calls(progress: bool) -> Path:
 STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Sized for ~30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes ~30 s
+# Sized for 30 minutes on 2 cores: a GRPO step of 32 samples of ~350-token prompts takes 20-30 s
 # there (~20 s of it generation; a group's prompt is prefilled and trained once), so three rounds
-# of 10 steps; the top 4 of 30 layers train (backward stops below them). 4 tasks x 8 samples, not
+# of 10 steps (with the gate's two evaluations, ~7 minutes a round; whole runs took 21.5 and 25.5
+# minutes on seeds 1 and 0, README); the top 4 of 30 layers train (backward stops below them). 4 tasks x 8 samples, not
 # 8 x 4: production's failures are hard (at 8 x 4, 4-20 of a step's 32 samples had a signal).
 # The reward is the verifier's: partial credit for the right tool and argument names
 # (reward_weights {tool: .25, arguments: .25, correct: .5}) took held-out v2 from 52% to 31% in a
