@@ -100,10 +100,12 @@ def test_bad_loop_config_is_a_clear_error(tmp_path, capsys):
     from gymloop.cli import main
 
     p = tmp_path / "bad.yaml"
-    p.write_text(yaml.safe_dump({"rounds": 0, "gate": {"delta": -1}, "grpo": {"lr_schedule": "cosine"}}))
+    p.write_text(yaml.safe_dump({"rounds": 0, "gate": {"delta": -1}, "grpo": {"lr_schedule": "cosine"},
+                                 "eval": {"tasks": 0}}))
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err
     assert "rounds" in err and "gate.delta" in err and "lr_schedule must be 'constant' in a loop" in err
+    assert "eval.tasks is the gate's tasks per suite" in err
     # a file that is not YAML, or not a mapping, is a message too, never a traceback
     for text, needle in (("rounds: [1, 2\n", "is not valid YAML"), ("- a\n- b\n", "must hold a mapping")):
         p.write_text(text)

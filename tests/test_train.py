@@ -122,6 +122,7 @@ def write(path, data):
     ({"grpo": {"loss_agg": "sum"}}, "grpo.loss_agg"),
     ({"grpo": {"lr_schedule": "linear"}}, "grpo.lr_schedule"),
     ({"name": "bad name"}, "name"),
+    ({"eval": {"tasks": 0}, "stop_at_pass1": 0.5}, "stop_at_pass1 stops on a held-out score"),
     ("[1, 2", "not valid YAML"),
     ("- a\n- b\n", "must hold a mapping"),
 ])

@@ -261,6 +261,12 @@ class TrainConfig(RunBlocks):
     """`gymloop train CONFIG.yaml`."""
 
     @model_validator(mode="after")
+    def _stop_needs_evaluation(self) -> "TrainConfig":
+        if self.stop_at_pass1 is not None and self.eval.tasks == 0:
+            raise ValueError("stop_at_pass1 stops on a held-out score: it needs eval.tasks >= 1")
+        return self
+
+    @model_validator(mode="after")
     def _resumable(self) -> "TrainConfig":
         if self.resume_from and (self.grpo.max_staleness or self.cluster.backend == "ray" or self.cluster.trainers):
             raise ValueError("resume_from continues a synchronous local run (grpo.max_staleness 0, no Ray): "
