@@ -165,3 +165,34 @@ def test_left_pad_and_empty_prompt(tok, model):
 def test_unknown_backend(tok, model):
     with pytest.raises(ValueError, match="unknown engine backend"):
         Engine(model, tok.pad_token_id, backend="vllm")
+
+
+def test_bfloat16_engine_computes_in_bfloat16_and_leaves_the_model_alone(tok):
+    """The cast copies give bfloat16's answer (the log-probs of a float32 forward within
+    bfloat16's rounding, not equal: the engine really computes in bfloat16), the model's own
+    parameters stay float32 and trainable, and a weight update reaches generation."""
+    model = tiny_llama(tok.vocab_size, seed=0)
+    eng = Engine(model, tok.pad_token_id, dtype="bfloat16")
+    assert eng.backend.dtype is torch.bfloat16 and eng.backend.layers[0][1].dtype is torch.bfloat16
+    assert all(p.dtype is torch.float32 and p.requires_grad for p in model.parameters())
+    out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=1.0, seed=2))
+    gaps = [(full_forward_logprobs(model, p, g.token_ids, 1.0) - torch.tensor(g.logprobs)).abs().max().item()
+            for p, g in zip(PROMPTS, out.generations)]
+    assert 1e-5 < max(gaps) < 0.1, gaps
+    # an optimizer step on the shared model, published as a trainer does: the copies are remade
+    other = tiny_llama(tok.vocab_size, seed=1)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), other.parameters()):
+            p.copy_(q)
+    assert eng.load_weights(model.state_dict(), version=1) == 0       # nothing copied: the same tensors
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    again = Engine(other, tok.pad_token_id, dtype="bfloat16").generate(PROMPTS, greedy)
+    assert [g.token_ids for g in eng.generate(PROMPTS, greedy).generations] == \
+        [g.token_ids for g in again.generations]
+
+
+def test_a_compute_dtype_needs_the_native_backend(tok, model):
+    with pytest.raises(ValueError, match="needs the native llama backend"):
+        Engine(model, tok.pad_token_id, backend="hf", dtype="bfloat16")
+    with pytest.raises(ValueError, match="unknown engine dtype"):
+        Engine(model, tok.pad_token_id, dtype="float8")

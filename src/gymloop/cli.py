@@ -220,7 +220,8 @@ def _server_config(args: argparse.Namespace, **fields):
     """The ServeConfig of a server (`serve`, each replica of `fleet up`): _serving_config plus the
     keys and features _add_server_args gives; refused without any key unless --no-auth."""
     cfg = _serving_config(args, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
-                          require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning, **fields)
+                          require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
+                          engine_dtype=args.engine_dtype, **fields)
     if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
         raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
                          "or --no-auth to serve without keys")
@@ -518,6 +519,8 @@ def _serving_commands(sub) -> None:
                        "production through the gate (repeatable)")
         p.add_argument("--no-auth", action="store_true", help="serve without API keys")
         p.add_argument("--no-fine-tuning", action="store_true", help="no /v1/files, /v1/fine_tuning and job worker")
+        p.add_argument("--engine-dtype", choices=["model", "bfloat16"], default="model",
+                       help="the dtype generation computes in (bfloat16: 2-3x faster prefill on CPUs with AMX)")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible API over a model; every answer is a trace")
     _add_server_args(sv)

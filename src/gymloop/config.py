@@ -230,6 +230,11 @@ class RunBlocks(_Strict):
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix); a loop's id "
                       "(a restart with the same name resumes).")
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+    engine_dtype: Literal["model", "bfloat16"] = Field(
+        "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own, exact) or "
+                        "bfloat16 (cast copies, remade at each weight load; 2-3x faster prefill on CPUs with AMX; "
+                        "native backend only). The trainer keeps the model's dtype: the sampled tokens' log-probs "
+                        "then differ from its own (logged as mismatch_kl; grpo.correction corrects).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
         "(asynchronous training then needs grpo.collector: thread, or backend: ray, since a forked "

@@ -94,14 +94,15 @@ def put_weights(state: dict[str, torch.Tensor], version: int, bucket_bytes: int)
 class RolloutWorker:
     """Body of a rollout actor: a copy of the model in an engine, and the environment."""
 
-    def __init__(self, model_config, tok, env: Environment, backend: str = "auto", gpu: bool = False) -> None:
+    def __init__(self, model_config, tok, env: Environment, backend: str = "auto", gpu: bool = False,
+                 dtype: str = "model") -> None:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
         if gpu:
             to_gpu(model, "cluster.worker_gpus")
-        self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode)
+        self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype)
         self.tok, self.env = tok, env
 
     def load(self, version: int, layout: list[Slot], *buckets) -> int:
@@ -143,12 +144,13 @@ class RaySource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, cfg: ClusterConfig,
-                 backend: str = "auto", max_staleness: int = 0) -> None:
+                 backend: str = "auto", max_staleness: int = 0, dtype: str = "model") -> None:
         import ray
 
         self.cfg, self.tok, self.env, self.tasks = cfg, tok, env, tasks
         self.max_staleness = max_staleness
         self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
+        self.dtype = dtype
         self.model_config = model.config
         self.owns_ray = connect(cfg)
         self._actor = ray.remote(num_cpus=cfg.worker_cpus, num_gpus=cfg.worker_gpus, max_restarts=0)(RolloutWorker)
@@ -159,7 +161,8 @@ class RaySource:
         self._ahead: dict | None = None          # the next step, already queued (asynchronous mode)
 
     def _spawn(self):
-        return self._actor.remote(self.model_config, self.tok, self.env, self.backend, self.cfg.worker_gpus > 0)
+        return self._actor.remote(self.model_config, self.tok, self.env, self.backend, self.cfg.worker_gpus > 0,
+                                  self.dtype)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The driver's weights for the workers (the trainer runs in the driver)."""

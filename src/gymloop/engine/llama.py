@@ -4,6 +4,12 @@ A Hugging Face `generate` step spends most of its time in Python around small ke
 backend runs the same math on the model's own parameter tensors (read by reference, so a
 weight update is visible without copying) with a preallocated KV cache and a precomputed
 rotary table. `supports()` says why a model cannot use it; such models use the HF backend.
+
+With a compute dtype other than the parameters' (`dtype=torch.bfloat16` on float32 weights), the
+backend holds cast copies, made again by `refresh()` (which every weight load calls): on a CPU
+with AMX, bfloat16 products run 2-6x faster than float32 ones, and an evaluation of SmolLM2 on
+48 tool-call requests (~360-token prompts, prefill most of it) took 29-37 s instead of 84-91 s,
+with the same score (2026-12-03, Intel Xeon f6m167). Logits come back in float32 either way.
 """
 from __future__ import annotations
 
@@ -60,12 +66,14 @@ def supports(model: torch.nn.Module) -> str | None:
 class LlamaBackend:
     can_compact = True
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        """dtype: the compute dtype (None: the parameters' own, read by reference)."""
         why = supports(model)
         if why:
             raise ValueError(f"native Llama backend cannot run this model: {why}")
         cfg = model.config
         self.model = model
+        self.dtype = dtype or next(model.parameters()).dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -80,22 +88,30 @@ class LlamaBackend:
     def device(self) -> torch.device:
         return self.embed.device
 
+    def _in_dtype(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """The parameter itself when it is in the compute dtype, else a cast copy (no grad)."""
+        if t is None or t.dtype == self.dtype:
+            return t
+        with torch.no_grad():
+            return t.detach().to(self.dtype)
+
     def refresh(self) -> None:
-        """Re-read parameter references (after the model's tensors were replaced)."""
-        m = self.model
-        self.embed = m.get_input_embeddings().weight                 # [V, H]
-        self.lm_head = m.get_output_embeddings().weight              # [V, H]
+        """Re-read parameter references (after the model's tensors were replaced or updated;
+        in another compute dtype, cast them again)."""
+        m, c = self.model, self._in_dtype
+        self.embed = c(m.get_input_embeddings().weight)              # [V, H]
+        self.lm_head = c(m.get_output_embeddings().weight)           # [V, H]
         dec = m.get_decoder()
-        self.final_norm = dec.norm.weight
+        self.final_norm = c(dec.norm.weight)
         self.layers = []
         for layer in dec.layers:
             a, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
+            self.layers.append(tuple(c(t) for t in (
                 layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight,
                 a.k_proj.bias, a.v_proj.weight, a.v_proj.bias, a.o_proj.weight,
                 layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
                 mlp.down_proj.weight,
-            ))
+            )))
 
     # --- rotary table ---------------------------------------------------------------
     def _rope_table(self, n: int) -> None:
@@ -110,7 +126,7 @@ class LlamaBackend:
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, t0: int) -> torch.Tensor:
         """ids/pos [B, T]; attn [B, 1, T, t0+T] bool; writes cache slots t0..t0+T-1.
 
-        Returns logits of the last position, [B, V].
+        Returns logits of the last position, [B, V], float32.
         """
         T = ids.shape[1]
 
@@ -120,7 +136,7 @@ class LlamaBackend:
             kc, vc = self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T]  # [B, KV, S, D]
             return self._attention(q, kc, vc, attn)
         x = self._norm(self._layers(ids, pos, attend)[:, -1], self.final_norm)
-        return linear(x, self.lm_head)                          # [B, V]
+        return linear(x, self.lm_head).float()                  # [B, V]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)

@@ -63,6 +63,8 @@ class GateRun(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Tasks per suite and tokens per turn.")
     seed: int = Field(0, description="Seed of each suite's held-out sample.")
     gate: GateConfig = Field(default_factory=GateConfig, description="The rule.")
+    engine_dtype: Literal["model", "bfloat16"] = Field("model", description="The dtype the evaluations compute in "
+                                                       "(engine.ENGINE_DTYPES; a loop's engine_dtype).")
 
 
 class LoopConfig(RunBlocks):
@@ -105,4 +107,5 @@ class LoopConfig(RunBlocks):
         return e
 
     def gate_run(self) -> GateRun:
-        return GateRun(env=self.env, suites=self.suites, eval=self.eval, seed=self.seed, gate=self.gate)
+        return GateRun(env=self.env, suites=self.suites, eval=self.eval, seed=self.seed, gate=self.gate,
+                       engine_dtype=self.engine_dtype)

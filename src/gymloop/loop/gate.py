@@ -20,7 +20,7 @@ def suite_envs(cfg: GateRun) -> list:
 def suite_scores(model_dir: str, suites: list, cfg: GateRun) -> dict[str, float]:
     """Greedy held-out pass@1 of a model on each suite environment, by environment name."""
     model, tok = load_model(model_dir)
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    engine = Engine(model, tok.pad_token_id, decode=tok.decode, dtype=cfg.engine_dtype)
     out = {}
     for env in suites:
         res = evaluate(engine, tok, env, env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed),

@@ -60,12 +60,14 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
         from ..cluster.ray_backend import RaySource
 
         return RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                         cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness)
+                         cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness,
+                         dtype=cfg.engine_dtype)
     if g.max_staleness == 0:
         return SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     kind = ProcessSource if g.collector == "process" else AsyncSource
     return kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                g.max_staleness, backend=cfg.engine_backend, record_routing=g.router_replay)
+                g.max_staleness, backend=cfg.engine_backend, record_routing=g.router_replay,
+                dtype=cfg.engine_dtype)
 
 
 def policy_loss(g: GRPOConfig) -> PolicyLoss:
@@ -218,7 +220,7 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     # FLOPs, hence projected costs, count the parameters a token passes through (MoE: top-k experts)
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], count_parameters(model)[1])
     engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode,
-                    record_routing=cfg.grpo.router_replay)
+                    record_routing=cfg.grpo.router_replay, dtype=cfg.engine_dtype)
     echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
                                                      if engine.native_unsupported else ""))
     env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)

@@ -137,11 +137,12 @@ class AsyncSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False) -> None:
+                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False,
+                 dtype: str = "model") -> None:
         if max_staleness < 1:
             raise ValueError("AsyncSource needs max_staleness >= 1 (0 is the synchronous mode)")
         gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode,
+        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
                              record_routing=record_routing)
         self.tok, self.env, self.tasks, self.group = tok, env, tasks, group
         self.params, self.max_turns = params, max_turns
@@ -200,7 +201,8 @@ class ProcessSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False) -> None:
+                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False,
+                 dtype: str = "model") -> None:
         import multiprocessing as mp
 
         if max_staleness < 1:
@@ -211,7 +213,7 @@ class ProcessSource:
         self.version = 0
         self.weights = SharedWeights(model, ctx)
         gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode,
+        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
                              record_routing=record_routing)
         self._queue = ctx.Queue(maxsize=max_staleness)
         self._stop = ctx.Event()

@@ -28,7 +28,7 @@ def build(cfg: ServeConfig):
     if cfg.cost_profile not in profiles:
         raise ValueError(f"cost_profile {cfg.cost_profile!r} is not a profile; known: {sorted(profiles)}")
     serving = ServingLedger(store, profiles[cfg.cost_profile], count_parameters(model)[1])   # active ones
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
+    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0, dtype=cfg.engine_dtype)
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
     follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     app = create_app(cfg, store, batcher, tok)

@@ -63,6 +63,6 @@ def _load_for_serving(path: str, cfg: ServeConfig) -> tuple[Batcher, ChatTokeniz
     from ..models.checkpoint import load_model
 
     model, tok = load_model(path)
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0)
+    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0, dtype=cfg.engine_dtype)
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     return Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000), tok, size
