@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SCRIPTS = ["engine_bench.py", "train_bench.py", "sandbox_bench.py", "gym_bench.py", "serve_bench.py",
+SCRIPTS = ["engine_bench.py", "engine_dtype_bench.py", "train_bench.py", "sandbox_bench.py", "gym_bench.py", "serve_bench.py",
            "cli_api_bench.py", "weight_sync_bench.py", "sharding_bench.py", "async_bench.py", "episodes_bench.py",
            "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "algorithms_bench.py", "smollm2_grpo.py",
            "finetune_api_bench.py", "finetune_vs_trl.py", "gemm_bench.py", "swe_bench.py", "n_group_bench.py",

@@ -346,9 +346,11 @@ def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
     assert missing == [], f"{len(missing)} of {len(answered)} answered requests have no trace"
 
 
-def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok, capsys):
+@pytest.mark.parametrize("engine_dtype", ["model", "bfloat16"])
+def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok, capsys, engine_dtype):
     """The store decides what is served: promoted versions are picked up without a restart,
-    a candidate that was rejected is never served, and rollback returns to an earlier one."""
+    a candidate that was rejected is never served, and rollback returns to an earlier one.
+    In bfloat16, the engine's cast copies are remade from each version served."""
     import torch
     from openai import OpenAI
 
@@ -360,7 +362,8 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
     for seed in (11, 12, 13):
         dirs[seed] = save_model(tiny_llama(tok.vocab_size, seed=seed), tok, tmp_path / f"m{seed}")
     db = tmp_path / "promo.db"
-    cfg = ServeConfig(model=str(dirs[11]), model_name="tiny", db=str(db), api_keys=[KEY], poll_s=0.1)
+    cfg = ServeConfig(model=str(dirs[11]), model_name="tiny", db=str(db), api_keys=[KEY], poll_s=0.1,
+                      engine_dtype=engine_dtype)
     app, batcher, store = build(cfg)
     ctx = running_server(app)
     base = ctx.__enter__()
@@ -382,7 +385,10 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
 
         ref = load_file(str(path / "model.safetensors"))
         own = batcher.engine.model.state_dict()
-        return all(torch.equal(own[k], v) for k, v in ref.items())
+        q = batcher.engine.backend.layers[0][1]            # what generation multiplies by, in its dtype
+        assert q.dtype is (torch.bfloat16 if engine_dtype == "bfloat16" else torch.float32)
+        return all(torch.equal(own[k], v) for k, v in ref.items()) and \
+            torch.equal(q, ref["model.layers.0.self_attn.q_proj.weight"].to(q.dtype))
 
     try:
         assert served_version() == "gymloop-v0"
@@ -427,3 +433,11 @@ def test_serving_is_costed_in_the_ledger(server, client):
     price = load_profiles()[server["cfg"].cost_profile].usd_per_hour
     assert dollars == pytest.approx(seconds * price / 3600)
     assert stats["cost_per_1m_served_tokens"] == pytest.approx(dollars / served * 1e6)
+
+
+def test_serve_engine_dtype_flag_reaches_the_config():
+    from gymloop.cli import _server_config, build_parser
+
+    args = build_parser().parse_args(["serve", "--api-key", KEY, "--engine-dtype", "bfloat16"])
+    assert _server_config(args).engine_dtype == "bfloat16"
+    assert _server_config(build_parser().parse_args(["serve", "--api-key", KEY])).engine_dtype == "model"

@@ -17,7 +17,7 @@ from gymloop.algorithms import PolicyLoss, advantages_for
 from gymloop.trainer.trainer import Trainer, rollouts_to_batch
 from gymloop.trainer.objectives import PolicyObjective
 
-from conftest import DigitEnv, digit_cfg, tiny_llama, use_env
+from conftest import DigitEnv, digit_cfg, digit_loop_cfg, tiny_llama, use_env
 
 
 def test_short_rl_run_learns_easy_task(tok):
@@ -268,6 +268,25 @@ def test_sync_training_is_deterministic(tmp_path, tiny_model_dir, digit_env):
     assert rewards[0] == rewards[1] and all(r["staleness"] == 0 for r in [
         json.loads(x) for x in (Path(runs[0]["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
         if r["kind"] == "train")
+
+
+def test_a_bfloat16_engine_trains_and_its_mismatch_is_measured(tmp_path, tiny_model_dir, digit_env):
+    """engine_dtype bfloat16: rollouts and evaluations generate in bfloat16 while the trainer stays
+    float32, so the behaviour log-probs differ from the trainer's (a float32 engine's equal them),
+    and the run still learns; a loop's gate evaluates in the loop's engine dtype."""
+    from gymloop.orchestrator.train import train
+
+    def behaviour_kl(cfg) -> float:
+        s = train(cfg, progress=False, echo=lambda m: None)
+        recs = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        train_recs = [r for r in recs if r["kind"] == "train"]
+        assert sum(r["reward"] for r in train_recs[-5:]) / 5 >= 0.8 and s["final"]["pass1"] >= 0.9
+        return max(r.get("approx_kl_behaviour", 0.0) for r in train_recs)   # absent: a step without signal
+
+    cfg = digit_cfg(tmp_path / "bf16", tiny_model_dir)
+    cfg.engine_dtype = "bfloat16"
+    assert behaviour_kl(cfg) > 1e-6 > behaviour_kl(digit_cfg(tmp_path / "fp32", tiny_model_dir))
+    assert digit_loop_cfg(tmp_path, tiny_model_dir, engine_dtype="bfloat16").gate_run().engine_dtype == "bfloat16"
 
 
 def test_a_run_with_no_held_out_tasks_trains_without_evaluating(tmp_path, tiny_model_dir, digit_env):
