@@ -175,6 +175,8 @@ def test_bfloat16_engine_computes_in_bfloat16_and_leaves_the_model_alone(tok):
     eng = Engine(model, tok.pad_token_id, dtype="bfloat16")
     assert eng.backend.dtype is torch.bfloat16 and eng.backend.layers[0][1].dtype is torch.bfloat16
     assert all(p.dtype is torch.float32 and p.requires_grad for p in model.parameters())
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert (eng.backend.lm_head is eng.backend.embed) == tied                # a tied head: one copy
     out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=1.0, seed=2))
     gaps = [(full_forward_logprobs(model, p, g.token_ids, 1.0) - torch.tensor(g.logprobs)).abs().max().item()
             for p, g in zip(PROMPTS, out.generations)]

@@ -234,7 +234,7 @@ class RunBlocks(_Strict):
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own, exact) or "
                         "bfloat16 (cast copies, remade at each weight load; 2-3x faster prefill on CPUs with AMX; "
                         "native backend only). The trainer keeps the model's dtype: the sampled tokens' log-probs "
-                        "then differ from its own (logged as mismatch_kl; grpo.correction corrects).")
+                        "then differ from its own (logged as approx_kl_behaviour; grpo.correction corrects).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
         "(asynchronous training then needs grpo.collector: thread, or backend: ray, since a forked "

@@ -22,8 +22,8 @@ BACKENDS: dict[str, Callable[[torch.nn.Module], object]] = {"llama": LlamaBacken
 
 
 # name -> the dtype the engine computes in (configs' `engine_dtype`); the trainer stays in the
-# model's own. A sampled token's log-prob is then the engine's, not the trainer's: the GRPO loss
-# logs the difference (mismatch_kl) and can correct it (grpo.correction: tis, icepop).
+# model's own. A sampled token's log-prob is then the engine's, not the trainer's: a GRPO step
+# logs the difference (approx_kl_behaviour) and can correct it (grpo.correction: tis, icepop).
 ENGINE_DTYPES: Table[torch.dtype | None] = Table("engine dtype", {
     "model": (None, "the model's own parameters, read by reference (exact: what the trainer computes)"),
     "bfloat16": (torch.bfloat16, "cast copies of the parameters, remade at each weight load: 2-3x faster "

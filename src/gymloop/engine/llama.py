@@ -7,9 +7,9 @@ rotary table. `supports()` says why a model cannot use it; such models use the H
 
 With a compute dtype other than the parameters' (`dtype=torch.bfloat16` on float32 weights), the
 backend holds cast copies, made again by `refresh()` (which every weight load calls): on a CPU
-with AMX, bfloat16 products run 2-6x faster than float32 ones, and an evaluation of SmolLM2 on
-48 tool-call requests (~360-token prompts, prefill most of it) took 29-37 s instead of 84-91 s,
-with the same score (2026-12-03, Intel Xeon f6m167). Logits come back in float32 either way.
+with AMX, SmolLM2's greedy evaluation of tool-call requests (~360-token prompts, prefill most of
+it) ran 3.0x faster, with the same score (bench/engine_dtype_bench.py). Logits come back in
+float32 either way.
 """
 from __future__ import annotations
 
@@ -99,8 +99,9 @@ class LlamaBackend:
         """Re-read parameter references (after the model's tensors were replaced or updated;
         in another compute dtype, cast them again)."""
         m, c = self.model, self._in_dtype
-        self.embed = c(m.get_input_embeddings().weight)              # [V, H]
-        self.lm_head = c(m.get_output_embeddings().weight)           # [V, H]
+        inp, out = m.get_input_embeddings().weight, m.get_output_embeddings().weight
+        self.embed = c(inp)                                          # [V, H]
+        self.lm_head = self.embed if out is inp else c(out)          # [V, H]; tied: one copy
         dec = m.get_decoder()
         self.final_norm = c(dec.norm.weight)
         self.layers = []
