@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from gymloop.cli import story_table
 from gymloop.store import Store
 from gymloop.jobs.story import StoryConfig, run_story
@@ -53,7 +55,7 @@ def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_ch
     from gymloop.jobs.story import AGENT_STORY
 
     toy = dict(model=str(tiny_model_dir), rounds_after=1, requests_per_round=10, concurrency=4, steps_per_round=1,
-               prompts_per_step=2, eval_tasks=8, max_new_tokens=12, micro_batch=0, train_only=[])
+               prompts_per_step=2, eval_tasks=8, max_new_tokens=12, micro_batch=0, train_only=[], dynamic_sampling=True)
     summary = run_story(StoryConfig(**{**AGENT_STORY, **toy}), run_dir=tmp_path, progress=False, echo=lambda m: None)
     rows = summary["rows"]
     assert [r["api"] for r in rows] == ["calls", "calls@v2", "calls@v2"]
@@ -61,6 +63,8 @@ def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_ch
     assert all(r["errors"] == 0 and r["episodes"] == 10 for r in rows)
     loop = json.loads((Path(summary["dir"]) / "story" / "summary.json").read_text())
     assert [r["target"] for r in loop["rounds"]] == ["calls@v2"]
+    round_cfg = yaml.safe_load(next((Path(summary["dir"]) / "story").glob("round-0001-*/config.yaml")).read_text())
+    assert round_cfg["engine_dtype"] == "bfloat16" and round_cfg["grpo"]["dynamic_sampling"] is True
     store = Store(Path(summary["dir"]) / "story.db")
     # production's requests carried the version's schemas
     from gymloop.envs import make_env

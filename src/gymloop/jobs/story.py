@@ -67,6 +67,8 @@ class StoryConfig(_Strict):
     train_only: list[str] = Field(default_factory=list, description="GRPO trains only the parameters matching "
                                   "these patterns (grpo.train_only; empty: all).")
     micro_batch: int = Field(0, ge=0, description="Rows per forward/backward pass (grpo.micro_batch).")
+    dynamic_sampling: bool = Field(False, description="Draw more groups while fewer than prompts_per_step carry a "
+                                   "signal (grpo.dynamic_sampling, up to 2 more draws a step).")
     reward_weights: dict[str, float] = Field(default_factory=dict, description="GRPO trains on this weighted "
                                              "sum of the verifier's components (grpo.reward_weights; empty: "
                                              "its reward).")
@@ -155,7 +157,8 @@ def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: i
         grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                         lr=cfg.lr, warmup_steps=cfg.warmup_steps, betas=(0.9, 0.999),
                         train_only=cfg.train_only, micro_batch=cfg.micro_batch,
-                        reward_weights=cfg.reward_weights),
+                        reward_weights=cfg.reward_weights, dynamic_sampling=cfg.dynamic_sampling,
+                        max_refills=2),
         eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.max_new_tokens),
         # 64 held-out tasks move in steps of 1.6 points: promote on any gain; guard by 5 points.
         gate=GateConfig(delta=0.01, epsilon=0.05),
