@@ -198,3 +198,12 @@ def test_a_compute_dtype_needs_the_native_backend(tok, model):
         Engine(model, tok.pad_token_id, backend="hf", dtype="bfloat16")
     with pytest.raises(ValueError, match="unknown engine dtype"):
         Engine(model, tok.pad_token_id, dtype="float8")
+
+
+def test_the_configs_engine_dtypes_are_the_engines():
+    import typing
+
+    from gymloop.config import EngineDtype
+    from gymloop.engine import ENGINE_DTYPES
+
+    assert set(typing.get_args(EngineDtype)) == set(ENGINE_DTYPES)

@@ -42,6 +42,9 @@ class SamplingConfig(_Strict):
     max_new_tokens: int = Field(8, ge=1, description="Most tokens per model turn.")
 
 
+# The names of engine.ENGINE_DTYPES (a test keeps them equal; this module stays free of torch).
+EngineDtype = Literal["model", "bfloat16"]
+
 _TABLES = {"advantage": "ADVANTAGES", "loss": "LOSSES", "loss_agg": "AGGREGATIONS", "correction": "CORRECTIONS"}
 
 
@@ -230,7 +233,7 @@ class RunBlocks(_Strict):
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix); a loop's id "
                       "(a restart with the same name resumes).")
     engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
-    engine_dtype: Literal["model", "bfloat16"] = Field(
+    engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own, exact) or "
                         "bfloat16 (cast copies, remade at each weight load; 2-3x faster prefill on CPUs with AMX; "
                         "native backend only). The trainer keeps the model's dtype: the sampled tokens' log-probs "

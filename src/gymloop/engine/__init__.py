@@ -61,7 +61,6 @@ class Engine:
         self.max_batch = max_batch
         self.version = version
         self.backend_name, self.backend = pick_backend(model, backend, dtype)
-        self.dtype = dtype
         self.native_unsupported = supports(model)     # why the native backend cannot run it (None: it can)
         # MoE router replay: record every position's experts (needs the HF backend, which never
         # drops finished rows from its batch, so a row's decode steps are the tape's calls)

@@ -35,7 +35,7 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from ..config import EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
+from ..config import EngineDtype, EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
 from ..accounting.ledger import load_profiles
 from ..seeds import round_seed
 from ..loop.config import CurriculumConfig, DriftConfig, GateConfig, LoopConfig
@@ -83,7 +83,7 @@ class StoryConfig(_Strict):
     max_new_tokens: int = Field(40, ge=1, description="Tokens per model turn, in training, evaluation and "
                                 "production (a nano tool call is ~15 sub-word tokens).")
     eval_tasks: int = Field(64, ge=8, description="Held-out tasks per suite at the gate.")
-    engine_dtype: Literal["model", "bfloat16"] = Field("model", description="The dtype the server, the rollouts "
+    engine_dtype: EngineDtype = Field("model", description="The dtype the server, the rollouts "
                                                        "and the gate generate in (engine.ENGINE_DTYPES).")
     seed: int = Field(0, description="Seed.")
     store: str | None = Field(None, description="The store the server and the loop share: an empty PostgreSQL "
@@ -143,7 +143,8 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # Three tasks in four are production failures after the drift (two before): one in four, the rest
 # fresh v2 requests (production_share 0.25), did worse in one run (docs/runs/agent-story-2026-12-03-5.txt).
 AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
-                   requests_per_round=96, concurrency=16, engine_dtype="bfloat16", steps_per_round=10, prompts_per_step=4, group_size=8,
+                   requests_per_round=96, concurrency=16, engine_dtype="bfloat16", steps_per_round=10,
+                   prompts_per_step=4, group_size=8,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
                    train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..config import EnvSpec, EvalConfig, GRPOConfig, RunBlocks, _Strict
+from ..config import EngineDtype, EnvSpec, EvalConfig, GRPOConfig, RunBlocks, _Strict
 
 
 class GateConfig(_Strict):
@@ -63,7 +63,7 @@ class GateRun(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Tasks per suite and tokens per turn.")
     seed: int = Field(0, description="Seed of each suite's held-out sample.")
     gate: GateConfig = Field(default_factory=GateConfig, description="The rule.")
-    engine_dtype: Literal["model", "bfloat16"] = Field("model", description="The dtype the evaluations compute in "
+    engine_dtype: EngineDtype = Field("model", description="The dtype the evaluations compute in "
                                                        "(engine.ENGINE_DTYPES; a loop's engine_dtype).")
 
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import EngineDtype
 
 
 class ServeConfig(BaseModel):
@@ -25,7 +26,7 @@ class ServeConfig(BaseModel):
     max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask for.")
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
     max_batch: int = Field(64, ge=1, description="Most requests in one engine batch.")
-    engine_dtype: Literal["model", "bfloat16"] = Field(
+    engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own) "
         "or bfloat16 (cast copies, remade at each promotion; 2-3x faster prefill on CPUs with AMX).")
     max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
