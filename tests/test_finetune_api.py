@@ -442,7 +442,9 @@ def _process(args: list[str], port: int | None = None):
 
 def _killed_mid_job(client, job_id: str, proc, db) -> int:
     """SIGKILL `proc` once the job has a checkpoint; the job is still `running` in the store.
-    Returns the newest checkpoint's step."""
+    Returns the newest checkpoint's step. (The callers' jobs run 384 steps of ~10 ms on the tiny
+    model: seconds are left after the first checkpoint, at step 5; a job that ended first fails
+    the `running` check.)"""
     import signal
 
     from gymloop.store import Store
@@ -487,7 +489,7 @@ def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_mod
     try:
         f = upload(client, sft_rows(64))
         job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
-            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 40, "batch_size": 2}}})
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 12, "batch_size": 2}}})
         step = _killed_mid_job(client, job.id, proc, db)
         proc = _process(args, port)
         _resumed_once_and_counted_once(client, job.id, f.id, db, step)
@@ -514,7 +516,7 @@ def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path
     try:
         f = upload(client, sft_rows(64))
         job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
-            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 40, "batch_size": 2}}})
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 12, "batch_size": 2}}})
         time.sleep(2)                      # the server's own worker would have claimed it within 0.5 s
         assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
         worker = _process(["worker", *same, "--checkpoint-every", "5"])

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
+from gymloop.cli import main
 from gymloop.fleet.audit import audit, replaced, rollout_seconds
 from gymloop.store import Store
 
@@ -112,7 +113,7 @@ def _perturbed_copy(src: Path, dst: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, tiny_model_dir):
+def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, tiny_model_dir, capsys):
     """Also: a fine-tuning job sent to the fleet is run by its job worker (a Ray actor), and its
     model is then served by the fleet's replicas."""
     import io
@@ -152,8 +153,11 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         for u in users:
             u.start()
         time.sleep(3)
-        promoted = json.loads(_gymloop("models", "add", str(_perturbed_copy(tiny_model_dir, tmp_path / "v1")),
-                                       "--promote", "--db", st["db"]))["version"]
+        # in this process (a CLI process starts slowly while the fleet takes traffic on 2 cores)
+        capsys.readouterr()
+        assert main(["models", "add", str(_perturbed_copy(tiny_model_dir, tmp_path / "v1")), "--promote",
+                     "--db", st["db"]]) == 0
+        promoted = json.loads(capsys.readouterr().out)["version"]
         rollout = _wait(lambda: rollout_seconds(store, "gymloop", promoted), 60)
         killed = st["replicas"][0]["pid"]
         kill_time = time.time()

@@ -2,6 +2,8 @@
 engine, environments and GRPO step. Skipped, with the install command, when absent."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,19 +13,30 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=str(available())
 
 
 @pytest.fixture(scope="module")
-def smol():
+def converted(tmp_path_factory):
+    """The GGUF file converted once for this module, in a process of its own so that everything
+    it writes to stderr (a library's progress bar included) is read back: (model dir, stderr).
+    The module's model is this conversion, so a fresh machine converts once, not twice."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("smollm2")
+    out = subprocess.run([sys.executable, "-c", "import sys; from gymloop.bases.smollm2 import ensure_smollm2; "
+                          "print(ensure_smollm2(sys.argv[1]))", str(root)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return Path(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.fixture(scope="module")
+def smol(converted):
     from gymloop.models.checkpoint import load_model
-    from gymloop.bases.registry import resolve_model
 
-    return load_model(resolve_model("smollm2"))
+    return load_model(converted[0])
 
 
-def test_the_gguf_conversion_draws_no_library_progress_bar(tmp_path, capfd):
-    from gymloop.bases.smollm2 import ensure_smollm2
-
-    path = ensure_smollm2(tmp_path)
+def test_the_gguf_conversion_draws_no_library_progress_bar(converted):
+    path, err = converted
     assert (path / "model.safetensors").exists()
-    err = capfd.readouterr().err
     assert "GGUF tensors" not in err and "%|" not in err, err[-500:]
 
 
