@@ -155,6 +155,26 @@ def test_top_p_keeps_the_nucleus():
     assert tok.item() == 0 and abs(lp.item() - torch.log(torch.tensor(0.5)).item()) < 1e-6
 
 
+def test_a_drawn_token_follows_the_distribution():
+    """engine.sampling.draw: frequencies over 20,000 draws within 5 standard errors of each
+    probability; a zero-probability entry (first, middle, last) is never drawn; seeded draws repeat."""
+    from gymloop.engine.sampling import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0], [0.2, 0.0, 0.2, 0.2, 0.2, 0.0, 0.2]])
+    gen = torch.Generator().manual_seed(0)
+    n = 20_000
+    counts = torch.zeros_like(probs)
+    for _ in range(n // 500):
+        toks = torch.stack([draw(probs, gen) for _ in range(500)])             # [500, 2]
+        for row in range(2):
+            counts[row] += torch.bincount(toks[:, row], minlength=probs.shape[1])
+    freq = counts / n
+    se = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 5 * se + 1e-9).all(), freq
+    assert (counts[probs == 0] == 0).all()
+    assert draw(probs * 3, torch.Generator().manual_seed(1)).tolist() == draw(probs, torch.Generator().manual_seed(1)).tolist()
+
+
 def test_left_pad_and_empty_prompt(tok, model):
     ids, mask = left_pad([[5, 6], [7]], 0)
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[True, True], [False, True]]

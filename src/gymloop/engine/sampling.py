@@ -97,9 +97,22 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
         drop = sp.cumsum(-1) - sp > top_p                          # keep the nucleus
         sp = sp.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+    tok = draw(probs, generator)                                   # [B]
     picked = logp.gather(-1, tok[:, None]).squeeze(-1)
     return tok, picked, top and (top.indices, top.values)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of probs [B, V] (rows may hold zeros; need not sum to 1) -> [B] int64,
+    by inverting the cumulative distribution at one uniform number per row. torch.multinomial
+    draws an exponential number per vocabulary entry instead (B x V of them: 40 ms a step at
+    B=32, V=49152 on a 2-core CPU, a fifth of a SmolLM2 group's generation; this takes ~6 ms).
+    The sums are float64, so a token's chance is off by ~1e-12 at most, and a zero-probability
+    token (top-p) is never drawn: its interval is empty."""
+    cdf = probs.double().cumsum(-1)                                # [B, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)     # [B, 1]: first entry above u
+    return tok.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
