@@ -144,7 +144,7 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # fresh v2 requests (production_share 0.25), did worse in one run (docs/runs/agent-story-2026-12-03-5.txt).
 AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
                    requests_per_round=96, concurrency=16, engine_dtype="bfloat16", steps_per_round=10,
-                   prompts_per_step=4, group_size=8,
+                   prompts_per_step=6, group_size=8, dynamic_sampling=True,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
                    train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
 
