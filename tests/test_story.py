@@ -33,10 +33,23 @@ def test_story_serves_trains_and_switches_the_api(tmp_path, tiny_model_dir, stor
     assert {r["served_version"] for r in rows} <= versions
     text = story_table(summary)
     assert "production success:" in text and text.count("tools@v3") >= 2
+    assert sum(v["episodes"] for v in summary["by_version"]) == 30 and "passes pooled" in text
     # the rounds trained for the API of their time
     loop = json.loads((out / "story" / "summary.json").read_text())
     assert [r["target"] for r in loop["rounds"]] == ["tools@v1", "tools@v3"]
     assert (out / "story" / "report.html").exists()
+
+
+def test_production_is_pooled_by_served_version():
+    from gymloop.jobs.story import by_version
+
+    rows = [{"api": "calls", "served_version": 1, "production_success": 0.9, "episodes": 10},
+            {"api": "calls@v2", "served_version": 1, "production_success": 0.5, "episodes": 10},
+            {"api": "calls@v2", "served_version": 2, "production_success": 0.75, "episodes": 20},
+            {"api": "calls@v2", "served_version": 2, "production_success": 0.5, "episodes": 20}]
+    assert by_version(rows) == [{"api": "calls", "version": 1, "episodes": 10, "success": 0.9},
+                                {"api": "calls@v2", "version": 1, "episodes": 10, "success": 0.5},
+                                {"api": "calls@v2", "version": 2, "episodes": 40, "success": 0.625}]
 
 
 def test_the_story_refuses_a_store_that_is_not_empty(tmp_path, tiny_model_dir):

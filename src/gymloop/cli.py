@@ -69,7 +69,9 @@ def story_table(summary: dict) -> str:
     lines = [_table(table), "",
              f"production success: {summary['pre_drift_success']:.1%} before the API change, "
              f"{summary['post_drift_low']:.1%} at its lowest after it, {summary['final_success']:.1%} at the end "
-             f"({'n/a' if rec is None else f'{rec:.0%}'} of the drop recovered)"]
+             f"({'n/a' if rec is None else f'{rec:.0%}'} of the drop recovered)",
+             "production by served version, its passes pooled: " + ", ".join(
+                 f"{v['api']} v{v['version']} {v['success']:.1%} of {v['episodes']}" for v in summary["by_version"])]
     for c in summary["cost_to_maintain"]:
         lines.append(f"cost to maintain after the {c['env']} drift ({c['kind']}): ${c['dollars']:.4f}, {c['status']}")
     cps = summary["cost_per_1m_served_tokens"]
