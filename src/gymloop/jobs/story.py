@@ -130,10 +130,10 @@ def _smollm2_calls(progress: bool) -> Path:
 STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Sized for 30 minutes on 2 cores: a GRPO step draws 6 tasks x 8 samples of ~350-token prompts and
-# draws again, up to twice, while groups without a signal leave it short (dynamic sampling): 30-40 s
-# a step there, most of it generation (a group's prompt is prefilled and trained once), so three
-# rounds of 10 steps; the top 4 of 30 layers train (backward stops below them). Tasks x samples:
+# Meant for 30 minutes on 2 cores (these settings took 29-39 there, runs 13-15): a GRPO step draws
+# 6 tasks x 8 samples of ~350-token prompts and draws again, up to twice, while groups without a
+# signal leave it short (dynamic sampling): 35-60 s a step, most of it generation (a group's prompt
+# is prefilled and trained once); three rounds of 10 steps; the top 4 of 30 layers train (backward stops below them). Tasks x samples:
 # production's failures are hard, so 8 samples a task (at 8 x 4, 4-20 of a step's 32 samples had a
 # signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
 # round's candidate scored below the served model (runs 11-12); at 6 x 8 with refills the first
