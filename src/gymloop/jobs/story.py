@@ -133,9 +133,9 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # Meant for 30 minutes on 2 cores (these settings took 29-39 there, runs 13-15): a GRPO step draws
 # 6 tasks x 8 samples of ~350-token prompts and draws again, up to twice, while groups without a
 # signal leave it short (dynamic sampling): 35-60 s a step, most of it generation (a group's prompt
-# is prefilled and trained once); three rounds of 10 steps; the top 4 of 30 layers train (backward stops below them). Tasks x samples:
-# production's failures are hard, so 8 samples a task (at 8 x 4, 4-20 of a step's 32 samples had a
-# signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
+# is prefilled and trained once); three rounds of 10 steps; the top 4 of 30 layers train (backward
+# stops below them). Tasks x samples: production's failures are hard, so 8 samples a task (at 8 x 4,
+# 4-20 of a step's 32 samples had a signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
 # round's candidate scored below the served model (runs 11-12); at 6 x 8 with refills the first
 # round took it from 60.4 to 79.2% on held-out v2 (run 13; docs/runs).
 # Generation (server, rollouts, gate) computes in bfloat16: 48 production requests took 55-59 s
@@ -276,5 +276,5 @@ def by_version(rows: list[dict]) -> list[dict]:
         hits_n = pooled.setdefault((x["api"], x["served_version"]), [0.0, 0])
         hits_n[0] += x["production_success"] * x["episodes"]
         hits_n[1] += x["episodes"]
-    return [{"api": api, "version": v, "episodes": n, "success": hits / n if n else None}
+    return [{"api": api, "version": v, "episodes": n, "success": hits / n}        # n >= requests_per_round >= 10
             for (api, v), (hits, n) in pooled.items()]
