@@ -227,3 +227,58 @@ def test_the_configs_engine_dtypes_are_the_engines():
     from gymloop.engine import ENGINE_DTYPES
 
     assert set(typing.get_args(EngineDtype)) == set(ENGINE_DTYPES)
+
+
+def lora_model(tok, seed=0, **options):
+    """A tiny Llama with LoRA adapters on every projection, B moved off 0 (so they change the output)."""
+    from gymloop.models.lora import wrap
+
+    model = wrap(tiny_llama(tok.vocab_size, seed=seed, kv_heads=2, model_type="qwen2"),
+                 {"rank": 4, "alpha": 8, **options})
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    return model.eval()
+
+
+def test_a_lora_model_generates_natively_as_its_own_forward(tok):
+    """The native path takes each projection as base + scaling * B A: its log-probs are those of
+    peft's forward, its draws the hf backend's, and an optimizer step on the adapters, published
+    as a trainer does (the same tensors: nothing copied), reaches generation."""
+    model = lora_model(tok)
+    eng = Engine(model, tok.pad_token_id)
+    assert eng.backend_name == "llama"
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
+    out = eng.generate(PROMPTS * 2, params)
+    for p, g in zip(PROMPTS * 2, out.generations):
+        ref = full_forward_logprobs(model, p, g.token_ids, 1.0)             # peft's own forward
+        assert (ref - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
+    hf = Engine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 2, params)
+    assert [g.token_ids for g in out.generations] == [g.token_ids for g in hf.generations]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    plain = Engine(tiny_llama(tok.vocab_size, seed=0, kv_heads=2, model_type="qwen2"),   # the base alone
+                   tok.pad_token_id).generate(PROMPTS, greedy)
+    assert [g.token_ids for g in eng.generate(PROMPTS, greedy).generations] != [g.token_ids for g in plain.generations]
+    before = eng.generate(PROMPTS, greedy)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_A" in n:
+                p.mul_(-2.0)
+    assert eng.load_weights(model.state_dict(), version=1) == 0
+    after = eng.generate(PROMPTS, greedy)
+    assert [g.token_ids for g in after.generations] != [g.token_ids for g in before.generations]
+    for p, g in zip(PROMPTS, after.generations):
+        assert (full_forward_logprobs(model, p, g.token_ids, 1.0) - torch.tensor(g.logprobs)).abs().max() <= 1e-4
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")     # peft, on adapting the tied head
+@pytest.mark.parametrize("options,why", [({"dropout": 0.1}, "dropout"),
+                                         ({"target_modules": ["q_proj", "lm_head"]}, "lm_head")])
+def test_lora_the_native_path_cannot_compute_runs_in_the_models_forward(tok, options, why):
+    from gymloop.engine.llama import supports
+
+    model = lora_model(tok, **options)
+    assert why in supports(model)
+    eng = Engine(model, tok.pad_token_id)
+    assert eng.backend_name == "hf" and why in eng.native_unsupported

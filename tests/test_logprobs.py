@@ -41,6 +41,7 @@ def test_shared_prefix_and_kept_positions_change_nothing(tok, lora):
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0, 0.1)
+    assert CompletionLogprobs(model).native is not None     # LoRA too: base + scaling * B A, natively
     b = batch_of(tok, ["1+2=", "13+40=", "7+7="])
     assert shared_prefix(b) >= MIN_SHARED_PREFIX            # the system prompt and the user header
     plain = token_logprobs(model, b) * b.loss_mask

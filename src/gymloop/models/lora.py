@@ -4,6 +4,11 @@ wraps the model in adapters before training, and only they train. A saved LoRA m
 model directory) and, beside it in `adapter/`, the adapter in PEFT's format
 (adapter_config.json + adapter_model.safetensors), which a Hugging Face user loads with
 `PeftModel.from_pretrained(base, adapter_dir)`.
+
+While it trains, a LoRA model of the Llama family generates and is scored on the native path
+(engine/llama.py) with each projection's weight taken as base + scaling * B A (linear_weights):
+peft's own forward adds a low-rank product to every projection of every token, and the HF
+backend it needs had none of the native path's prefix sharing.
 """
 from __future__ import annotations
 
@@ -75,3 +80,49 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
 def is_lora(model: torch.nn.Module) -> bool:
     # peft is imported only once a model has adapters (every wrapped model carries peft_config)
     return hasattr(model, "peft_config")
+
+
+# The decoder layers' projections the native engine computes (engine/llama.py); an adapter
+# anywhere else (the embeddings, the output head) runs only in the model's own forward.
+NATIVE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def native_blocker(model: torch.nn.Module) -> str | None:
+    """Why the native engine cannot compute what a peft model's LoRA forward does (None: it can,
+    as the base weights plus each active adapter's scaling * B A; see linear_weights). A plain
+    model: None."""
+    if not is_lora(model):
+        return None
+    import torch
+    from peft.tuners.lora import Linear as LoraLinear, LoraLayer
+
+    for name, m in model.named_modules():
+        if not isinstance(m, LoraLayer):
+            continue
+        if type(m) is not LoraLinear or name.rsplit(".", 1)[-1] not in NATIVE_TARGETS:
+            return f"a LoRA adapter on {name} (the native path adapts only {', '.join(NATIVE_TARGETS)})"
+        if m.disable_adapters:
+            return f"{name}'s adapters are disabled"
+        for a in m.active_adapters:
+            if m.lora_variant.get(a) is not None or m.use_dora.get(a) or m.lora_bias.get(a):
+                return f"{name}: a LoRA variant (DoRA, bias) runs in the model's own forward"
+            if isinstance(m.lora_dropout[a], torch.nn.Dropout) and m.lora_dropout[a].p > 0:
+                return f"{name}: LoRA dropout {m.lora_dropout[a].p} runs in the model's own forward"
+    return None
+
+
+def linear_weights(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [out, in], bias [out] or None) of the product `module` computes: a plain linear's
+    own parameters (by reference), or for a peft LoRA linear its base weight plus each active
+    adapter's scaling * B A (peft's get_delta_weight; a new tensor, differentiable in the adapters:
+    a forward on it trains them as peft's own forward does, without dropout, which native_blocker
+    rules out). A merged adapter is already in the base weight; disabled adapters add nothing."""
+    base = getattr(module, "base_layer", None)
+    if base is None:
+        return module.weight, module.bias
+    w = base.weight
+    if not (module.merged or module.disable_adapters):
+        for a in module.active_adapters:
+            if a in module.lora_A:
+                w = w + module.get_delta_weight(a)
+    return w, base.bias
