@@ -92,7 +92,7 @@ def test_copies_of_a_prompt_are_prefilled_once(tok, model):
     eng = Engine(model, tok.pad_token_id, backend="llama")
     rows = []
     prefill = eng.backend._prefill
-    eng.backend._prefill = lambda ids, mask, n: rows.append(len(ids)) or prefill(ids, mask, n)
+    eng.backend._prefill = lambda ids, mask: rows.append(len(ids)) or prefill(ids, mask)
     prompts = [PROMPTS[i % 3] for i in range(12)]              # 3 prompts x 4 copies, interleaved
     out = eng.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
     assert rows == [3]
@@ -100,6 +100,34 @@ def test_copies_of_a_prompt_are_prefilled_once(tok, model):
     for p, g in zip(prompts, out.generations):
         ref = full_forward_logprobs(model, p, g.token_ids, 1.0)
         assert (ref - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cascade_attention_is_attention_over_each_rows_whole_cache(dtype):
+    """A decode step reads a prompt's cache once for all its rows: the same as attention over
+    each row's prompt and generated keys laid end to end (groups of uneven size, interleaved;
+    padded prompts; generated slots not yet written)."""
+    from gymloop.engine.llama import cascade_attention, members
+
+    torch.manual_seed(0)
+    U, KV, H, P, N, D = 3, 2, 6, 7, 5, 8
+    group = torch.tensor([2, 0, 0, 1, 2, 0, 2])                          # B = 7 rows of 3 prompts
+    B = len(group)
+    member, width = members(group, U)
+    assert member.tolist() == [0, 0, 1, 0, 1, 2, 2] and width == 3
+    pk, pv = torch.randn(U, KV, P, D), torch.randn(U, KV, P, D)
+    pseen = torch.ones(U, P, dtype=torch.bool)
+    pseen[1, :3] = False                                                  # a left-padded prompt
+    k, v, q = torch.randn(B, KV, N, D), torch.randn(B, KV, N, D), torch.randn(B, H, 1, D)
+    seen = torch.zeros(B, N, dtype=torch.bool)
+    seen[:, :3] = True
+    cast = [t.to(dtype) for t in (q, pk, pv, k, v)]
+    got = cascade_attention(cast[0], cast[1], cast[2], pseen, group, member, width, cast[3], cast[4], seen, D ** -0.5)
+    keys, values = torch.cat((pk[group], k), 2), torch.cat((pv[group], v), 2)   # [B, KV, P + N, D]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=torch.cat((pseen[group], seen), -1)[:, None, None], enable_gqa=True)
+    assert got.dtype is dtype and got.shape == want.shape
+    assert (got.float() - want).abs().max() < (1e-5 if dtype is torch.float32 else 3e-2)
 
 
 def test_compaction_changes_nothing(tok, model):

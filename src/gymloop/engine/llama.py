@@ -132,20 +132,9 @@ class LlamaBackend:
         self._cos, self._sin = torch.cat([f.cos(), f.cos()], -1), torch.cat([-f.sin(), f.sin()], -1)   # [n, D]
 
     # --- forward ----------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, t0: int) -> torch.Tensor:
-        """ids/pos [B, T]; attn [B, 1, T, t0+T] bool (decode, T = 1: [B, 1, 1, slots], every
-        slot of the cache); writes cache slots t0..t0+T-1.
-
-        Returns logits of the last position, [B, V], float32.
-        """
-        T = ids.shape[1]
-
-        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.k[i, :, :, t0:t0 + T] = k
-            self.v[i, :, :, t0:t0 + T] = v
-            if T == 1:           # decode: the whole cache, contiguous (a slice of it made the products copy it)
-                return self._decode_attention(q, self.k[i], self.v[i], attn)
-            return self._attention(q, self.k[i, :, :, :t0 + T], self.v[i, :, :, :t0 + T], attn)  # [B, KV, S, D]
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """ids/pos [B, T] -> logits of the last position, [B, V], float32; `attend(layer, q, k,
+        v)` is the attention (and writes the cache)."""
         x = self._norm(self._layers(ids, pos, attend)[:, -1], self.final_norm)
         return linear(x, self.lm_head).float()                  # [B, V]
 
@@ -172,21 +161,6 @@ class LlamaBackend:
     def _attention(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               scale=1.0 / math.sqrt(self.head_dim), enable_gqa=self.n_kv != self.n_heads)
-
-    def _decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        """One query per row: q [B, H, 1, D], k, v [B, KV, S, D] (the cache, contiguous), seen
-        [B, 1, 1, S] bool -> [B, H, 1, D]. Two batched products with the softmax between them in
-        float32, each key/value head's r = H / KV queries the rows of one product (grouped-query
-        attention without repeating the cache). SDPA's CPU kernel is made for many queries: at
-        one query a row it took 23 ms a layer in bfloat16 (4 in float32) where these products
-        take 1.6 (SmolLM2, 48 rows of ~400 slots, one thread of an AMD EPYC Zen 4); it had been
-        82% of a decode step there."""
-        B, H, _, D = q.shape
-        KV = k.shape[1]
-        s = torch.matmul(q.view(B, KV, H // KV, D), k.transpose(-1, -2)).float()    # [B, KV, r, S]
-        s = s.mul_(1.0 / math.sqrt(D)).masked_fill_(~seen, float("-inf"))
-        o = torch.matmul(torch.softmax(s, -1).to(v.dtype), v)                        # [B, KV, r, D]
-        return o.view(B, H, 1, D)
 
     def _layers(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
         """The decoder stack on ids/pos [B, T] -> hidden states [B, T, H*D] before the final norm;
@@ -241,43 +215,62 @@ class LlamaBackend:
                 x = decoder_layer(x, cos, sin, additive_mask(at[:, None], dtype), sel, kv, shape, w)   # [R, U, H*D]
         return linear(self._norm(x, self.final_norm), self.lm_head)             # [R, U, V]
 
+    # --- the generation cache ----------------------------------------------------------
+    # Two caches: the prompts' keys and values, one row per distinct prompt ([L, U, KV, P, D]:
+    # a GRPO group's samples share theirs), and each row's own generated tokens' ([L, B, KV, N,
+    # D], N = max_new_tokens). A decode step attends over both (cascade_attention); dropping
+    # finished rows (keep) touches only the second and the rows' bookkeeping.
+
     @torch.inference_mode()
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Prefill ids [B, P] (mask [B, P]: real tokens) into a KV cache with room for
-        max_new_tokens more; the next-token logits [B, V]. Copies of one prompt (a GRPO group's
-        samples) are prefilled once and their cache rows copied: with a ~350-token prompt and a
-        few dozen new tokens, prefill is most of a group's generation."""
+        """Prefill ids [B, P] (mask [B, P]: real tokens) with room for max_new_tokens more; the
+        next-token logits [B, V]. Copies of one prompt are prefilled once: with a ~350-token
+        prompt and a few dozen new tokens, prefill is most of a group's generation."""
+        self._rope_table(ids.shape[1] + max_new_tokens)
         first, inverse = distinct_rows(ids, mask)
-        if len(first) < len(ids):
-            logits = self._prefill(ids[first], mask[first], max_new_tokens)
-            self.keep(inverse)
-            return logits[inverse]
-        return self._prefill(ids, mask, max_new_tokens)
-
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        B, P = ids.shape
-        total = P + max_new_tokens
-        self._rope_table(total)
-        L = len(self.layers)
-        dtype = self.embed.dtype
-        dev = ids.device
-        self.k = torch.zeros(L, B, self.n_kv, total, self.head_dim, dtype=dtype, device=dev)
+        logits = self._prefill(ids[first], mask[first])                     # [U, V]
+        B, L, dev = len(ids), len(self.layers), ids.device
+        self.k = torch.zeros(L, B, self.n_kv, max_new_tokens, self.head_dim, dtype=self.embed.dtype, device=dev)
         self.v = torch.zeros_like(self.k)
-        self.key_mask = torch.zeros(B, total, dtype=torch.bool, device=dev)
-        self.key_mask[:, :P] = mask
-        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)           # [B, P] real-token positions
-        self.next_pos = mask.long().sum(-1)                       # [B]
+        self.seen = torch.zeros(B, max_new_tokens, dtype=torch.bool, device=dev)    # generated slots written
+        self.next_pos = mask.long().sum(-1)                                 # [B]
+        self.t = 0
+        self._rows(inverse)
+        return logits[inverse]
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The prompts' cache from ids, mask [U, P]; their next-token logits [U, V]."""
+        U, P = ids.shape
+        L, dev = len(self.layers), ids.device
+        self.pk = torch.zeros(L, U, self.n_kv, P, self.head_dim, dtype=self.embed.dtype, device=dev)
+        self.pv = torch.zeros_like(self.pk)
+        self.pseen = mask
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)           # [U, P] real-token positions
         causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         # A padding query sees only itself, so no softmax row is empty (which would be NaN).
-        attn = (causal & mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)
-        self.t = P
-        return self._forward(ids, pos, attn[:, None], 0)
+        attn = ((causal & mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev))[:, None]   # [U, 1, P, P]
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.pk[i], self.pv[i] = k, v
+            return self._attention(q, k, v, attn)
+        return self._forward(ids, pos, attend)
+
+    def _rows(self, group: torch.Tensor) -> None:
+        """Which prompt each row continues (group [B]) and its place among that prompt's rows."""
+        self.group = group
+        self.member, self.width = members(group, self.pk.shape[1])
 
     @torch.inference_mode()
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         t = self.t
-        self.key_mask[:, t] = True
-        logits = self._forward(tok[:, None], self.next_pos[:, None], self.key_mask[:, None, None], t)
+        self.seen[:, t] = True
+        scale = 1.0 / math.sqrt(self.head_dim)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k[i, :, :, t:t + 1], self.v[i, :, :, t:t + 1] = k, v
+            return cascade_attention(q, self.pk[i], self.pv[i], self.pseen, self.group, self.member, self.width,
+                                     self.k[i], self.v[i], self.seen, scale)
+        logits = self._forward(tok[:, None], self.next_pos[:, None], attend)
         self.next_pos += 1
         self.t = t + 1
         return logits
@@ -285,5 +278,53 @@ class LlamaBackend:
     def keep(self, rows: torch.Tensor) -> None:
         self.k = self.k[:, rows]
         self.v = self.v[:, rows]
-        self.key_mask = self.key_mask[rows]
+        self.seen = self.seen[rows]
         self.next_pos = self.next_pos[rows]
+        self._rows(self.group[rows])
+
+
+def members(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, int]:
+    """(member [B], width): each row's place among the rows of its group (group [B], values
+    < n_groups), in row order, and the most rows any group has."""
+    order = torch.argsort(group, stable=True)
+    counts = torch.bincount(group, minlength=n_groups)
+    starts = torch.cumsum(counts, 0) - counts
+    member = torch.empty_like(group)
+    member[order] = torch.arange(len(group), device=group.device) - starts[group[order]]
+    return member, int(counts.max()) if len(group) else 0
+
+
+def cascade_attention(q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, pseen: torch.Tensor,
+                      group: torch.Tensor, member: torch.Tensor, width: int, k: torch.Tensor, v: torch.Tensor,
+                      seen: torch.Tensor, scale: float) -> torch.Tensor:
+    """One decode step's attention over a prompt cache shared by rows and each row's own cache.
+
+    q [B, H, 1, D]; pk, pv [U, KV, P, D] the prompts' keys and values, pseen [U, P] their real
+    tokens; group [B] the prompt each row continues, member [B] its place among that prompt's
+    rows (< width); k, v [B, KV, N, D] the rows' own keys and values, seen [B, N] the slots
+    written. Returns [B, H, 1, D].
+
+    The rows of a prompt are laid out as one product's rows ([U, KV, width * r, D], r = H / KV:
+    grouped-query heads without repeating the cache), so a prompt's keys and values are read once
+    for all its rows, not once a row; both softmax halves are one softmax in float32. On a 2-core
+    AMD EPYC Zen 4 (SmolLM2, 6 prompts x 8 rows, ~360 prompt tokens, bfloat16, one thread) SDPA's
+    CPU kernel, made for many queries, took 23 ms a layer (82% of a decode step); two batched
+    products over one cache per row 1.6, this ~0.4.
+    """
+    B, H, _, D = q.shape
+    U, KV, P, _ = pk.shape
+    r = H // KV
+    qr = q.view(B, KV, r, D)
+    qg = q.new_zeros(U, width, KV, r, D)
+    qg[group, member] = qr                                                      # [U, width, KV, r, D]
+    qg = qg.permute(0, 2, 1, 3, 4).reshape(U, KV, width * r, D)
+    s1 = torch.matmul(qg, pk.transpose(-1, -2)).view(U, KV, width, r, P)[group, :, member]   # [B, KV, r, P]
+    s2 = torch.matmul(qr, k.transpose(-1, -2))                                  # [B, KV, r, N]
+    s = torch.cat((s1, s2), -1).float().mul_(scale)
+    s.masked_fill_(~torch.cat((pseen[group], seen), -1)[:, None, None], float("-inf"))
+    w = torch.softmax(s, -1).to(v.dtype)                                        # [B, KV, r, P + N]
+    wg = w.new_zeros(U, width, KV, r, P)
+    wg[group, member] = w[..., :P]
+    o1 = torch.matmul(wg.permute(0, 2, 1, 3, 4).reshape(U, KV, width * r, P), pv)  # [U, KV, width * r, D]
+    o = o1.view(U, KV, width, r, D)[group, :, member] + torch.matmul(w[..., P:], v)  # [B, KV, r, D]
+    return o.view(B, H, 1, D)
