@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -45,7 +46,9 @@ def up(cfg: FleetConfig, say: Callable[[str], None] = print, timeout_s: float = 
         cfg = cfg.model_copy(update={"serve": serve_cfg})
         if cfg.ray_address is None:
             say("starting a Ray head on this machine ...")
-            state["ray_address"], state["ray_head_pid"] = start_head(state_dir, _cpus(cfg))
+            state["ray_auth_token_path"] = str(write_token(state_dir))
+            state["ray_address"], state["ray_head_pid"] = start_head(state_dir, _cpus(cfg),
+                                                                     Path(state["ray_auth_token_path"]))
         else:
             state["ray_address"] = cfg.ray_address
         _save(state_dir, state)
@@ -130,22 +133,34 @@ def down(state_dir: str | Path, say: Callable[[str], None] = print) -> None:
 
 
 # --- the Ray head ------------------------------------------------------------------------------------
-def start_head(state_dir: Path, cpus: int) -> tuple[str, int]:
+def write_token(state_dir: Path) -> Path:
+    """A new token for the head `up` starts, in `<state_dir>/ray_auth_token` (owner-only): the
+    fleet's processes read it through RAY_AUTH_TOKEN_PATH, so it neither depends on nor replaces
+    ~/.ray/auth_token, which `ray start` does not write (a driver on a fresh machine found no token)."""
+    path = state_dir / "ray_auth_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))          # what `ray get-auth-token --generate` writes: 256 bits
+    return path
+
+
+def start_head(state_dir: Path, cpus: int, token_path: Path) -> tuple[str, int]:
     """Run `ray start --head --block` in its own session (so `down` can stop this head and no
-    other Ray on the machine): (its GCS address, the pid to signal)."""
+    other Ray on the machine), with token authentication on and the token at `token_path` (the
+    raylet's workers, hence replicas and job workers, inherit both): (its GCS address, the pid to
+    signal)."""
     ray = Path(sys.executable).with_name("ray")
     ray_bin = str(ray) if ray.exists() else shutil.which("ray")
     if ray_bin is None:
         raise RuntimeError("the `ray` command is not installed: pip install 'gymloop[fleet]'")
     port, client, agent = _free_ports(3)
     log = open(state_dir / "ray-head.log", "ab")
-    # token authentication on (Ray's default for a new head: a node joining needs the token); a
-    # small object store, since replicas exchange HTTP requests, not tensors
+    # a small object store, since replicas exchange HTTP requests, not tensors
     proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}",
                              "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=500000000",
                              f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "RAY_AUTH_MODE": "token"})
+                            env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)})
     return f"127.0.0.1:{port}", proc.pid
 
 
@@ -206,10 +221,11 @@ def _check_store(db: str) -> None:
 
 def _connect(state: dict, timeout_s: float) -> None:
     """Connect this process to the fleet's Ray cluster, retrying while a head starts. A head
-    `up` started has Ray's token authentication on (its token in ~/.ray/auth_token), which a
-    driver uses only when told to."""
-    if state.get("ray_head_pid"):
+    `up` started has Ray's token authentication on with the token `up` wrote, which a driver
+    uses only when told to."""
+    if state.get("ray_auth_token_path"):
         os.environ["RAY_AUTH_MODE"] = "token"      # read when ray is first imported
+        os.environ["RAY_AUTH_TOKEN_PATH"] = state["ray_auth_token_path"]
     import logging
 
     import ray
