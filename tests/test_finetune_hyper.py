@@ -40,6 +40,15 @@ def test_auto_epochs_are_the_methods_dpo_sees_each_pair_once(n):
     assert resolve("dpo", {"n_epochs": 4}, n).n_epochs == 4           # given, not auto
 
 
+def test_auto_answer_length_of_reinforcement_fits_the_model():
+    """A real model's answer (a tool call: ~25-40 SmolLM2 tokens) is not cut at nano's 16 tokens."""
+    from gymloop.finetune.job import AUTO_ANSWER_TOKENS
+
+    assert resolve("reinforcement", {}, 200).max_new_tokens == AUTO_ANSWER_TOKENS[True] == 16
+    assert resolve("reinforcement", {}, 200, n_params=135_000_000).max_new_tokens == AUTO_ANSWER_TOKENS[False] >= 64
+    assert resolve("reinforcement", {"max_new_tokens": 40}, 200, n_params=135_000_000).max_new_tokens == 40
+
+
 def test_parameter_count_reads_the_saved_weights(tiny_model_dir):
     from gymloop.models.checkpoint import load_model, parameter_count
 

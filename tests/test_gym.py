@@ -283,6 +283,19 @@ def test_calls_v2_renames_tools_and_arguments_in_the_schemas_too():
     assert not {t.prompt[-1]["content"] for t in held} & {t.prompt[-1]["content"] for t in v2.sample_tasks(150, "train", 5)}
 
 
+def test_calls_new_tool_requests_teach_and_measure_the_tools_demonstrations_never_show():
+    """heldout=new-tool-requests: both splits use the held-out tools (never in the default training
+    split, so never in a demonstration), and no request of the training split is held out."""
+    plain, new = make_env("calls"), make_env("calls", heldout="new-tool-requests")
+    taught = {t.name for t in plain.split_tools["train"]}
+    train, held = new.sample_tasks(120, "train", 1), new.sample_tasks(60, "heldout", 2)
+    for tasks in (train, held):
+        assert {n for t in tasks for n in t.info["tools"]} <= {t.name for t in plain.split_tools["heldout"]}
+        assert not {t.answer["name"] for t in tasks} & taught
+    assert not {t.prompt[-1]["content"] for t in held} & {t.prompt[-1]["content"] for t in train}
+    assert all(new.task_from_id(t.id) == t for t in held[:10])
+
+
 def test_calls_components_give_partial_credit_and_weights_turn_them_into_a_signal():
     """A group where no call is right has no GRPO signal from the reward; with reward_weights the
     right tool, and then the right argument names, are worth something (train's score())."""

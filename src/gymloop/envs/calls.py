@@ -11,7 +11,11 @@ became `weather_now(location)`; the table V2 below), in the schemas too, so a mo
 can adapt and one that memorised version 1's names cannot. Nothing of version 2 is in any base's
 training data. `heldout: requests` keeps every split on the training tools (a task's split is a
 hash of the whole request): the held-out score then measures the production agent's own tools on
-requests it never saw, which is what a loop's gate needs after such a drift.
+requests it never saw, which is what a loop's gate needs after such a drift. `heldout:
+new-tool-requests` puts every split on the held-out tools, split the same way: a model taught the
+training tools by demonstrations is then taught the others by a grader alone (a reinforcement
+job's prompts are the training split: no demonstration of those tools anywhere) and measured on
+their requests it never saw.
 
 Verified on the reply's calls (gymloop's one tool format, models/toolcalls.py): reward 1 when it
 is exactly one well-formed call of the expected tool with the expected arguments (strings
@@ -198,9 +202,10 @@ class CallsConfig(BaseModel):
     system: str | None = Field(SYSTEM, description="The system message (None: none).")
     version: Literal[1, 2] = Field(1, description="Tool API version (2: every tool and argument renamed, in the "
                                    "schemas too; `calls@v2` is shorthand).")
-    heldout: Literal["tools", "requests"] = Field(
-        "tools", description="What held-out tasks hold out: tools (they use only tools training never shows) "
-        "or requests (every split uses the training tools; a task's split is a hash of its request).")
+    heldout: Literal["tools", "requests", "new-tool-requests"] = Field(
+        "tools", description="What held-out tasks hold out: tools (they use only tools training never shows), "
+        "requests (every split uses the training tools; a task's split is a hash of its request) or "
+        "new-tool-requests (every split uses the held-out tools, split by request).")
 
 
 def _matches(got: object, want: object) -> bool:
@@ -218,6 +223,8 @@ class CallsEnv(Environment):
             self.split_tools[split_of(f"calls:{first.name}", self.config.heldout_fraction)].append(tool)
         if self.config.heldout == "requests":
             self.split_tools["heldout"] = self.split_tools["train"]
+        elif self.config.heldout == "new-tool-requests":
+            self.split_tools["train"] = self.split_tools["heldout"]
         for split, pool in self.split_tools.items():
             if len(pool) < self.config.tools_per_task:
                 raise ValueError(f"only {len(pool)} {split} tools for tools_per_task={self.config.tools_per_task}")
@@ -247,8 +254,8 @@ class CallsEnv(Environment):
                 return task
 
     def _request_split(self, task: Task) -> Split:
-        """heldout=requests: the split of a request, by its text (not the tools' names, so a request
-        is held out in every version)."""
+        """heldout=requests (or new-tool-requests): the split of a request, by its text (not the
+        tools' names, so a request is held out in every version)."""
         return split_of(f"calls:{task.prompt[-1]['content']}", self.config.heldout_fraction)
 
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:

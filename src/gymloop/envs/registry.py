@@ -48,7 +48,8 @@ BUILTIN: tuple[EnvEntry, ...] = (
              "multi-turn tool use over a versioned inventory API (version: 1, 2 or 3; tools@v3 is shorthand)"),
     EnvEntry("calls", _lazy(".calls", "make_calls"),
              "call the right tool with the right arguments from the schemas in the request; held-out tasks use "
-             "tools training never shows (heldout: requests: the same tools, unseen requests); calls@v2 renames "
+             "tools training never shows (heldout: requests: the same tools, unseen requests; new-tool-requests: "
+             "the held-out tools in every split, unseen requests held out); calls@v2 renames "
              "every tool and argument"),
     EnvEntry("code", _lazy(".code", "make_code"), "write a Python function; hidden tests run in the sandbox"),
     EnvEntry("code-repo", _lazy(".code", "make_code_repo"),

@@ -25,7 +25,7 @@ class Hyper:
     sft_weight: float = 0.0
     lora: dict | None = None              # LoraOptions as a dict, or None: every weight trains
     group_size: int = 8                   # reinforcement: samples per prompt
-    max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer
+    max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer (auto: AUTO_ANSWER_TOKENS)
     eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
     eval_samples: int = 100               # reinforcement: held-out prompts evaluated
     micro_batch_size: int = 0             # reinforcement: answers per forward/backward (0: all at once)
@@ -48,6 +48,13 @@ class Hyper:
 BASE_LR = 1e-3           # learning_rate_multiplier 1 of a nano-sized model (up to SMALL_MODEL parameters)
 SMALL_MODEL = 1_000_000
 LORA_SCALE = 10.0        # LoRA's adapters start at zero and hold few weights: they take a larger step
+
+
+# auto max_new_tokens of a reinforcement job, by whether the model is nano-sized: nano answers
+# its arithmetic in a few tokens; a real model's answer is a sentence or a tool call (a SmolLM2
+# call of the calls environment is ~25-40 tokens: 16 cut every one short and scored 0). A sample
+# ends at the model's end of turn, so the bound costs only answers that run on.
+AUTO_ANSWER_TOKENS = {True: 16, False: 128}
 
 
 def base_rate(n_params: int | None, lora: bool) -> float:
@@ -77,7 +84,7 @@ def _dpo(h: Hyper, pick: Pick, given: dict) -> None:
 
 def _reinforcement(h: Hyper, pick: Pick, given: dict) -> None:
     h.group_size = int(pick("group_size", max(2, round(8 * float(pick("compute_multiplier", 1.0))))))
-    h.max_new_tokens = int(pick("max_new_tokens", 16))
+    h.max_new_tokens = int(pick("max_new_tokens", h.max_new_tokens))
     h.eval_interval = int(pick("eval_interval", 0))
     h.eval_samples = int(pick("eval_samples", 100))
     h.micro_batch_size = int(pick("micro_batch_size", h.micro_batch_size))
@@ -132,8 +139,10 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
     if batch < 1 or epochs < 1 or multiplier <= 0:
         raise ValueError("batch_size and n_epochs must be >= 1 and learning_rate_multiplier > 0")
     lr = base_rate(n_params, given.get("lora") is not None) * multiplier
+    small = (n_params or 0) <= SMALL_MODEL
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier,
-              micro_batch_size=0 if (n_params or 0) <= SMALL_MODEL else 4)   # a real model's logits are large
+              micro_batch_size=0 if small else 4,                    # a real model's logits are large
+              max_new_tokens=AUTO_ANSWER_TOKENS[small])
     if given.get("lora") is not None:
         h.lora = lora.LoraOptions(**given["lora"]).model_dump()
     if spec.resolve is not None:
