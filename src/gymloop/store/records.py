@@ -32,6 +32,7 @@ class Feedback(TypedDict):
 class GradedTrace(TypedDict):
     """A trace with its latest rewarded verdict."""
     id: str
+    model_version: int          # the served model version that answered
     request: dict[str, Any]
     response: dict[str, Any]
     reward: float

@@ -141,10 +141,10 @@ class Traces:
         return [dict(r) for r in rows]
 
     def graded(self) -> list[GradedTrace]:
-        """Every trace with feedback that has a reward: its request and response, and its latest
-        verdict (reward, env, env_version, task_id), oldest first."""
+        """Every trace with feedback that has a reward: the model version that answered, its request
+        and response, and its latest verdict (reward, env, env_version, task_id), oldest first."""
         rows = self.db.read().execute(
-            "SELECT t.id, t.request, t.response, f.reward, f.env, f.env_version, f.task_id FROM traces t "
+            "SELECT t.id, t.model_version, t.request, t.response, f.reward, f.env, f.env_version, f.task_id FROM traces t "
             "JOIN feedback f ON f.trace_id = t.id WHERE f.reward IS NOT NULL AND f.id = "
             "(SELECT MAX(id) FROM feedback WHERE trace_id = t.id AND reward IS NOT NULL) ORDER BY t.created").fetchall()
         return [record(r, ("request", "response")) for r in rows]
