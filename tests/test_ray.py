@@ -261,14 +261,14 @@ def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_
     from gymloop.trainer.logprobs import make_batch
 
     model, tok = load_model(tiny_model_dir)
+    # a generous timeout: starting two actors on a loaded 2-core machine can take tens of seconds,
+    # and the death must be reported as a death, not waited out as a timeout (another message)
     group = TrainerGroup(model, {"lr": 1e-2}, ClusterConfig(backend="ray", trainers=2, trainer_cpus=0.5,
-                                                            step_timeout_s=20))
+                                                            step_timeout_s=300))
     try:
         ray.kill(group.ranks[1])
         batch = make_batch([[5, 6, 7], [5, 6, 9]], [[0, 1, 1], [0, 1, 1]], None, tok.pad_token_id)
-        t0 = time.monotonic()
-        with pytest.raises(ClusterError, match="trainer actor"):
+        with pytest.raises(ClusterError, match="a trainer actor died, and its optimizer state with it"):
             group.step(batch, PolicyObjective(PolicyLoss(), torch.tensor([1.0, -1.0])))
-        assert time.monotonic() - t0 < 30
     finally:
         group.close()
