@@ -132,11 +132,13 @@ def _smollm2_calls(progress: bool) -> Path:
 STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Meant for 30 minutes on 2 cores (with up to two refills a step it took 29-39 there, runs 13-15,
-# and 29-34 on an AMD EPYC): a GRPO step draws 6 tasks x 8 samples of ~350-token prompts and draws
-# again, once, while groups without a signal leave it short (dynamic sampling, max_refills 1):
-# 35-60 s a step, most of it generation (a group's prompt
-# is prefilled and trained once); three rounds of 10 steps; the top 4 of 30 layers train (backward
+# Meant for 30 minutes on 2 cores. A GRPO step draws 6 tasks x 8 samples of ~350-token prompts and
+# draws again, once, while groups without a signal leave it short (dynamic sampling, max_refills 1;
+# nearly every step does): 15-19 s a step on an AMD EPYC (Zen 4), most of it generation (a group's
+# prompt is prefilled and trained once), and three rounds of 10 steps took 14 minutes there, where
+# runs with up to two refills a step took 29-34 there (another session; 29-39 on an Intel Xeon,
+# runs 13-15); so five rounds of
+# 10 steps; the top 4 of 30 layers train (backward
 # stops below them). Tasks x samples: production's failures are hard, so 8 samples a task (at 8 x 4,
 # 4-20 of a step's 32 samples had a signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
 # round's candidate scored below the served model (runs 11-12); at 6 x 8 with refills the first
@@ -149,7 +151,7 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # round of 8 steps (2026-12-03), where the plain reward had gained.
 # Three tasks in four are production failures after the drift (two before): one in four, the rest
 # fresh v2 requests (production_share 0.25), did worse in one run (docs/runs/agent-story-2026-12-03-5.txt).
-AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=3,
+AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=5,
                    requests_per_round=96, concurrency=16, engine_dtype="bfloat16", steps_per_round=10,
                    prompts_per_step=6, group_size=8, dynamic_sampling=True, max_refills=1,
                    lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
