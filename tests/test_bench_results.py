@@ -97,3 +97,28 @@ def test_grpo_vs_trl_tables_follow_from_its_raw_runs():
                 assert ours[key] == trl[key], (path, key)
         # the order rotates: every system runs first in some cell
         assert {c["order"][0] for c in data["cells"]} == set(systems), path
+
+
+def test_every_file_the_docs_link_to_is_committed():
+    """A figure's output, story.json or script a README or guide links to is in the repository:
+    tracked by git, not only on the machine that ran it (a `runs/` pattern once ignored docs/runs/,
+    and outputs the README cited were lost with that machine)."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                                 check=True).stdout.splitlines())
+    missing: set[str] = set()
+    for doc in ["README.md", "bench/README.md", *(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))]:
+        text = (root / doc).read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)", text) + re.findall(r"(?<![\w/.])(docs/runs/[\w.-]+)", text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (root / doc).parent / target if not target.startswith("docs/runs/") else root / target
+            rel = str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else target
+            if rel not in tracked and not any(t.startswith(rel.rstrip("/") + "/") for t in tracked):
+                missing.add(f"{doc}: {target}")
+    assert not missing, f"linked but not committed: {sorted(missing)}"
