@@ -134,10 +134,10 @@ STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
 # The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
 # Meant for 30 minutes on 2 cores. A GRPO step draws 6 tasks x 8 samples of ~350-token prompts and
 # draws again, once, while groups without a signal leave it short (dynamic sampling, max_refills 1;
-# nearly every step does): 15-19 s a step on an AMD EPYC (Zen 4), most of it generation (a group's
-# prompt is prefilled and trained once), and three rounds of 10 steps took 14 minutes there, where
-# runs with up to two refills a step took 29-34 there (another session; 29-39 on an Intel Xeon,
-# runs 13-15); so five rounds of
+# nearly every step does): 15-19 s a step on an AMD EPYC Zen 5, most of it generation (a group's
+# prompt is prefilled and trained once), and three rounds of 10 steps took 14 minutes there
+# (runs with up to two refills a step took 29-34 on a Zen 4 EPYC and 29-39 on an Intel Xeon, runs
+# 13-18; the refill and the CPU were not measured apart); so five rounds of
 # 10 steps; the top 4 of 30 layers train (backward
 # stops below them). Tasks x samples: production's failures are hard, so 8 samples a task (at 8 x 4,
 # 4-20 of a step's 32 samples had a signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
