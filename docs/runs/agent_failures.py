@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from openai.types.chat import ChatCompletionMessage
+
 from gymloop.envs.calls import catalogue, make_calls
-from gymloop.models.toolcalls import call_text, parse_tool_calls
+from gymloop.jobs.traffic import reply_text
+from gymloop.models.toolcalls import parse_tool_calls
 from gymloop.store import Store
 
 KINDS = ("no call", "several calls", "a tool of the other version", "another offered tool",
@@ -23,25 +26,24 @@ KINDS = ("no call", "several calls", "a tool of the other version", "another off
 
 
 def reply_of(response: dict) -> str:
-    """The assistant's turn in gymloop's tool format, as traffic.reply_text makes it."""
-    message = response["choices"][0]["message"]
-    if message.get("tool_calls"):
-        return call_text(message.get("content"), message["tool_calls"])
-    return message.get("content") or ""
+    """The assistant's turn as the verifier read it in production (traffic.reply_text)."""
+    return reply_text(ChatCompletionMessage.model_validate(response["choices"][0]["message"]))
 
 
-def kind_of(task, reply: str, other_names: set[str]) -> str:
+def kind_of(env, task, reply: str, other_names: set[str]) -> str:
+    """The verifier's verdict (its components), refined by the name the call used."""
+    verdict = env.verify(task, list(task.prompt) + [{"role": "assistant", "content": reply}])
     parsed = parse_tool_calls(reply)
-    if parsed.errors or not parsed.calls:
+    calls = parsed.calls
+    if parsed.errors or not calls:
         return "no call"
-    if len(parsed.calls) > 1:
+    if len(calls) > 1:
         return "several calls"
-    call, want = parsed.calls[0], task.answer
-    if call.name != want["name"]:
-        if call.name in other_names:
+    if not verdict.components["tool"]:
+        if calls[0].name in other_names:
             return "a tool of the other version"
-        return "another offered tool" if call.name in task.info["tools"] else "a tool not offered"
-    if set(call.arguments) != set(want["arguments"]):
+        return "another offered tool" if calls[0].name in task.info["tools"] else "a tool not offered"
+    if not verdict.components["arguments"]:
         return "right tool, other argument names"
     return "right tool and names, wrong values"
 
@@ -53,14 +55,13 @@ def main() -> None:
     args = ap.parse_args()
     env = make_calls(version=args.version, heldout="requests")
     other_names = {t.name for v in (1, 2) if v != args.version for t in catalogue(v)}
-    env_name = env.name
-    failed = [g for g in Store(args.db).traces.graded() if g["env"] == env_name and g["reward"] < 1]
+    failed = [g for g in Store(args.db).traces.graded() if g["env"] == env.name and g["reward"] < 1]
     by_version: dict[int, Counter] = {}
     for g in failed:
         task = env.task_from_id(g["task_id"])
-        by_version.setdefault(g["model_version"], Counter())[kind_of(task, reply_of(g["response"]), other_names)] += 1
+        by_version.setdefault(g["model_version"], Counter())[kind_of(env, task, reply_of(g["response"]), other_names)] += 1
     total = sum(by_version.values(), Counter())
-    print(f"{sum(total.values())} failed {env_name} episodes in {args.db}")
+    print(f"{sum(total.values())} failed {env.name} episodes in {args.db}")
     versions = sorted(by_version)
     print(f"{'kind':38s}" + "".join(f"{'v' + str(v):>7s}" for v in versions) + f"{'all':>7s}")
     for kind in KINDS:
