@@ -180,8 +180,9 @@ def test_a_lost_listen_connection_is_a_missed_wait_then_listens_again(postgres_s
     store = Store(postgres_server())
     store.wait_for_promotion(timeout=0.01)                       # listening
     with psycopg.connect(store.url, autocommit=True) as admin:
+        # this test's database only: the session's server also holds other tests' listeners
         killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                               "WHERE query LIKE 'LISTEN%'").fetchall()
+                               "WHERE query LIKE 'LISTEN%' AND datname = current_database()").fetchall()
     assert killed == [(True,)]
     assert store.wait_for_promotion(timeout=0.05) is False       # the lost connection, not an exception
     store.wait_for_promotion(timeout=0.01)                       # listening again
