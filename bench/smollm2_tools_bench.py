@@ -27,7 +27,7 @@ score measures reading schemas, not recalling names.
    named them (the SFT model is right ~95% of the time there and a group rarely carries a signal).
    Measured: GRPO on `renamed` prompts (30 steps of 6 x 8, top 4 layers) took held-out tools from
    75.3% to 64.7% (2026-12-04): it learned the renamed tools, not schemas in general.
-   `--rft-auto`: every hyper-parameter "auto" but LoRA's rank.
+   `--rft-auto`: every hyper-parameter "auto" but LoRA's rank (results in smollm2_tools_rft_auto/).
    Or (`--then dpo`) DPO, every hyper-parameter but LoRA's "auto": pairs on training-tool prompts
    (under `--prompts` too), the expected call preferred over the SFT model's own wrong reply (sampled
    at temperature 1).
@@ -215,14 +215,15 @@ def report(args, out: dict) -> None:
         job = out.get(f"{key}_job", {})
         promo = out.get(f"{key}_promotion")
         rows.append([{"base": "SmolLM2-135M-Instruct", "sft": "+ SFT (LoRA)", "rft": "+ SFT + RFT (LoRA)",
-                      "dpo": "+ SFT + DPO (LoRA, auto)"}[key],
+                      "dpo": "+ SFT + DPO (LoRA, auto)"}[key] + (" (auto)" if key == "rft" and args.rft_auto else ""),
                      f"{statistics.mean(per):.1%}", " / ".join(f"{p:.0%}" for p in per),
                      f"{statistics.mean(s['valid'] for s in out[key]):.1%}",
                      f"{job['seconds']:.0f}" if job else "", f"{job['trained_tokens']:,}" if job else "",
                      ("yes" if promo["promoted"] else "no") if promo else ""])
     print(f"\ntool calls on held-out tools ({args.sets} sets of {args.heldout} prompts, greedy, via the API)")
     print(common.table(rows))
-    common.save("smollm2_tools" + ("_dpo" if args.then == "dpo" else ""), out)
+    # each kind of run in its own folder: a docs block of one never shows another's figures
+    common.save("smollm2_tools" + ("_dpo" if args.then == "dpo" else "_rft_auto" if args.rft_auto else ""), out)
 
 
 if __name__ == "__main__":
