@@ -102,11 +102,15 @@ def commit() -> dict:
         return {"commit": None, "dirty": None}
 
 
+# where the run started: a commit made while a long bench runs is not what it ran
+STARTED_FROM = commit()
+
+
 def meta() -> dict:
     import torch
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    return {"date": now.date().isoformat(), "time": now.isoformat(timespec="seconds"), **commit(), "cpu": cpu(), "python": platform.python_version(),
+    return {"date": now.date().isoformat(), "time": now.isoformat(timespec="seconds"), **STARTED_FROM, "cpu": cpu(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "script": Path(sys.argv[0]).name, "argv": sys.argv[1:],
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}

@@ -54,3 +54,15 @@ def test_parameter_count_reads_the_saved_weights(tiny_model_dir):
 
     model, _ = load_model(tiny_model_dir)
     assert parameter_count(tiny_model_dir) == sum(p.numel() for p in model.parameters())
+
+
+def test_auto_micro_batch_of_supervised_and_reinforcement_fits_the_model():
+    """Beyond SMALL_MODEL a job's rows go through forward/backward 4 at a time (the same update;
+    SmolLM2's logits over a 49k vocabulary are what fills memory); a given size wins; DPO's pairs
+    are not split and do not report one."""
+    for method in ("supervised", "reinforcement"):
+        assert resolve(method, {}, 200).micro_batch_size == 0
+        assert resolve(method, {}, 200, n_params=135_000_000).micro_batch_size == 4
+        h = resolve(method, {"micro_batch_size": 2}, 200, n_params=135_000_000)
+        assert h.micro_batch_size == 2 and h.public(method)["micro_batch_size"] == 2
+    assert "micro_batch_size" not in resolve("dpo", {}, 200, n_params=135_000_000).public("dpo")

@@ -144,3 +144,37 @@ def test_micro_batches_give_the_same_update_as_one_pass(tok, agg):
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-8) for a, b in zip(one, parts))
     assert m_parts["loss"] == pytest.approx(m_one["loss"], abs=1e-6)
     assert m_parts["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-5)
+
+
+def test_sft_micro_batches_give_the_same_update_and_loss_as_one_pass(tok):
+    """SFT's TokenNLL in parts (a supervised job's micro_batch_size): each part's summed NLL over
+    the whole minibatch's trained tokens, so the gradient and the reported token-mean loss are
+    one pass's, on rows of unequal trained lengths (a part's own mean would weigh rows wrongly)."""
+    from conftest import tiny_llama
+    from gymloop.trainer.logprobs import CompletionLogprobs, make_batch
+    from gymloop.trainer.objectives import TokenNLL
+    from gymloop.trainer.trainer import Trainer
+
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(6, tok.vocab_size, (int(n),), generator=gen).tolist() for n in (14, 6, 11, 9, 13)]
+    masks = [[0] * 3 + [1] * (len(s) - 3) for s in seqs]
+    after = []
+    for micro in (0, 2):
+        model = tiny_llama(tok.vocab_size, seed=3)
+        batch = make_batch(seqs, masks, None, tok.pad_token_id)
+        metrics = Trainer(model, lr=1e-2, micro_batch=micro).step(batch, TokenNLL(CompletionLogprobs(model)))
+        after.append(([p.grad.clone() for p in model.parameters()], metrics))
+    (one, m_one), (parts, m_parts) = after
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-8) for a, b in zip(one, parts))
+    assert m_parts["train_loss"] == pytest.approx(m_one["train_loss"], rel=1e-6)
+    assert m_parts["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-5)
+    assert m_one["grad_norm"] > 0
+
+
+def test_sft_loss_normalizer_divides_the_summed_nll():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    loss, m = sft_loss(logp, mask)
+    assert loss.item() == pytest.approx(14 / 4) and m["nll"] == pytest.approx(14 / 4) and m["tokens"] == 4
+    loss, m = sft_loss(logp, mask, normalizer=10.0)
+    assert loss.item() == pytest.approx(1.4) and m["nll"] == pytest.approx(14 / 4)

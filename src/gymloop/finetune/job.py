@@ -28,7 +28,7 @@ class Hyper:
     max_new_tokens: int = 16              # reinforcement: most tokens per sampled answer (auto: AUTO_ANSWER_TOKENS)
     eval_interval: int = 0                # reinforcement: steps between held-out evaluations (0: at the end)
     eval_samples: int = 100               # reinforcement: held-out prompts evaluated
-    micro_batch_size: int = 0             # reinforcement: answers per forward/backward (0: all at once)
+    micro_batch_size: int = 0             # supervised, reinforcement: rows per forward/backward (0: all at once)
 
     @property
     def compute_multiplier(self) -> float:
@@ -82,12 +82,16 @@ def _dpo(h: Hyper, pick: Pick, given: dict) -> None:
     DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
 
 
+def _micro_batch(h: Hyper, pick: Pick, given: dict) -> None:
+    h.micro_batch_size = int(pick("micro_batch_size", h.micro_batch_size))
+
+
 def _reinforcement(h: Hyper, pick: Pick, given: dict) -> None:
     h.group_size = int(pick("group_size", max(2, round(8 * float(pick("compute_multiplier", 1.0))))))
     h.max_new_tokens = int(pick("max_new_tokens", h.max_new_tokens))
     h.eval_interval = int(pick("eval_interval", 0))
     h.eval_samples = int(pick("eval_samples", 100))
-    h.micro_batch_size = int(pick("micro_batch_size", h.micro_batch_size))
+    _micro_batch(h, pick, given)
     if h.group_size < 2:
         raise ValueError("reinforcement needs group_size >= 2 (advantages compare a prompt's samples)")
 
@@ -119,7 +123,7 @@ class MethodHyper:
 
 # "auto" learning rates: SFT at BASE_LR, DPO at a tenth of it, GRPO at a fifth (the demo's 2e-4)
 METHOD_HYPER = {
-    "supervised": MethodHyper(1.0),
+    "supervised": MethodHyper(1.0, ("micro_batch_size",), _micro_batch),
     "dpo": MethodHyper(0.1, ("beta", "length_normalize", "reference_free", "sft_weight"), _dpo, _one_epoch),
     "reinforcement": MethodHyper(0.2, ("compute_multiplier", "group_size", "max_new_tokens", "eval_interval",
                                        "eval_samples", "micro_batch_size"), _reinforcement),
@@ -141,7 +145,9 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
     lr = base_rate(n_params, given.get("lora") is not None) * multiplier
     small = (n_params or 0) <= SMALL_MODEL
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier,
-              micro_batch_size=0 if small else 4,                    # a real model's logits are large
+              # a real model's logits are large: SmolLM2's SFT job, 20 tool-call rows of ~380 tokens
+              # a step in one backward pass, peaked at 16.9 GB resident; RFT's 32 answers, 24 GB
+              micro_batch_size=0 if small else 4,
               max_new_tokens=AUTO_ANSWER_TOKENS[small])
     if given.get("lora") is not None:
         h.lora = lora.LoraOptions(**given["lora"]).model_dump()

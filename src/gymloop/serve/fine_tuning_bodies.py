@@ -43,8 +43,8 @@ class Hyperparameters(BaseModel):
     eval_samples: json_int(1, 100000) | Auto | None = Field(None, description="reinforcement: held-out prompts "
                                                              "evaluated (validation_file, else training prompts).")
     micro_batch_size: json_int(0, 4096) | Auto | None = Field(
-        None, description="reinforcement: sampled answers per forward/backward pass, gradients summed over the "
-        "parts (the same update in less memory; auto: 0, all at once, for models up to 1M parameters, else 4).")
+        None, description="supervised and reinforcement: rows (sampled answers) per forward/backward pass, "
+        "gradients summed over the parts (the same update in less memory; auto: 0, all at once, for models up to 1M parameters, else 4).")
 
 
 # graders: one typed model per type (envs/grader_types.py), run by envs/graders.py

@@ -111,9 +111,14 @@ class TokenNLL:
     def prepare(self, model, ref, batch) -> None:
         pass
 
-    def __call__(self, model, mb: TokenBatch, rows: torch.Tensor) -> Step:
+    def count(self, mb: TokenBatch) -> float:
+        """What the loss of `mb` is divided by, its trained tokens: given to each of its
+        micro-batches, their summed gradients are the whole one's."""
+        return float(mb.loss_mask.sum().clamp(min=1))
+
+    def __call__(self, model, mb: TokenBatch, rows: torch.Tensor, normalizer: float | None = None) -> Step:
         logp, aux = completion_logps(self.score, mb)
-        loss, m = sft_loss(logp, mb.loss_mask)
+        loss, m = sft_loss(logp, mb.loss_mask, normalizer)
         return loss, {"train_loss": m["nll"]}, aux
 
 

@@ -98,8 +98,9 @@ class Trainer:
                  min_lr_ratio: float = 0.1, train_only: Sequence[str] = (), fused: bool = False,
                  micro_batch: int = 0) -> None:
         self.model = model
-        # rows per forward/backward of a policy objective (0: a minibatch at once); gradients are
-        # summed over the parts, so the update is the same and the memory that of one part
+        # rows per forward/backward of an objective with a count() (GRPO's policy loss, SFT's NLL;
+        # 0: a minibatch at once); gradients are summed over the parts, so the update is the same
+        # and the memory that of one part. DPO's pairs have no count() and stay whole.
         self.micro_batch = micro_batch
         route_linears(model)                    # its products through oneDNN where MKL runs AVX2 (engine/gemm.py)
         self.spec = OptimSpec(lr=lr, betas=tuple(betas), weight_decay=weight_decay, warmup_steps=warmup_steps,
@@ -160,7 +161,7 @@ class Trainer:
         return {k: v / count for k, v in agg.items()}
 
     def _accumulated(self, objective, mb: TokenBatch, rows: torch.Tensor) -> dict:
-        """One update of a policy objective on `mb` [N, L] from parts of `micro_batch` rows: each
+        """One update of an objective with a count() on `mb` [N, L] from parts of `micro_batch` rows: each
         part's loss divided by the whole minibatch's count, the gradients summed, then one step.
         Metrics: the loss summed, ratio_max the largest, the others weighted by trained tokens."""
         total = objective.count(mb)
