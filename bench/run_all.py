@@ -11,7 +11,7 @@ SCRIPTS = ["engine_bench.py", "engine_dtype_bench.py", "train_bench.py", "sandbo
            "cli_api_bench.py", "weight_sync_bench.py", "sharding_bench.py", "async_bench.py", "episodes_bench.py",
            "tools_grpo.py", "grpo_vs_trl.py", "recipe_ablation.py", "algorithms_bench.py", "smollm2_grpo.py",
            "finetune_api_bench.py", "finetune_vs_trl.py", "gemm_bench.py", "swe_bench.py", "n_group_bench.py",
-           "fleet_bench.py"]
+           "fleet_bench.py", "sft_memory_bench.py"]
 # Tests that need the bench extra (TRL): skipped by `make test`, run here before the benchmarks.
 TESTS = ["tests/test_dpo_vs_trl.py"]
 

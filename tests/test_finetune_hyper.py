@@ -58,7 +58,7 @@ def test_parameter_count_reads_the_saved_weights(tiny_model_dir):
 
 def test_auto_micro_batch_of_supervised_and_reinforcement_fits_the_model():
     """Beyond SMALL_MODEL a job's rows go through forward/backward 4 at a time (the same update;
-    SmolLM2's logits over a 49k vocabulary are what fills memory); a given size wins; DPO's pairs
+    what a SmolLM2 step holds for its backward pass fills memory); a given size wins; DPO's pairs
     are not split and do not report one."""
     for method in ("supervised", "reinforcement"):
         assert resolve(method, {}, 200).micro_batch_size == 0

@@ -145,8 +145,9 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
     lr = base_rate(n_params, given.get("lora") is not None) * multiplier
     small = (n_params or 0) <= SMALL_MODEL
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier,
-              # a real model's logits are large: SmolLM2's SFT job, 20 tool-call rows of ~380 tokens
-              # a step in one backward pass, peaked at 16.9 GB resident; RFT's 32 answers, 24 GB
+              # a real model's activations are large: a SmolLM2 SFT step of 20 tool-call rows (~400 tokens)
+              # peaks at 12.5 GB resident in one pass, 4.8 GB in parts of 4 (bench/sft_memory_bench.py);
+              # RFT's 32 answers in one pass took 24 GB
               micro_batch_size=0 if small else 4,
               max_new_tokens=AUTO_ANSWER_TOKENS[small])
     if given.get("lora") is not None:
