@@ -14,7 +14,8 @@ score measures reading schemas, not recalling names.
 1. Base: the served SmolLM2, scored through chat completions (greedy) on `--sets` held-out sets of
    `--heldout` prompts; a reply counts when the API answers with exactly one tool call, the right
    tool with the right arguments (valid: a well-formed call of an offered tool).
-2. SFT: a supervised LoRA job on `--sft-rows` demonstrations in OpenAI's function-calling format
+2. SFT: a supervised LoRA job on `--sft-rows` demonstrations of the training tools (whatever
+   `--prompts` is) in OpenAI's function-calling format
    (an assistant message with `tool_calls`, `tools` on the row), hyper-parameters "auto" (the
    learning rate from the model's size and LoRA); then promoted through the gate (admin key).
 3. RFT: a reinforcement LoRA job from the SFT model on `--rft-rows` prompts with their expected
@@ -84,7 +85,9 @@ def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
     """Correct and valid call rates through chat completions (greedy, 16 requests at once, so the
     server batches them)."""
     def one(t):
-        r = client.chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
+        # greedy scoring is idempotent: retried when a pooled keep-alive connection was closed
+        # under it (a run of 2026-12-05 lost its RFT scores to one "Server disconnected")
+        r = client.with_options(max_retries=3).chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
                                            temperature=0, max_tokens=max_tokens)
         text = reply_text(r.choices[0].message)
         return env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}])
@@ -106,7 +109,11 @@ def sft_stage(client: OpenAI, env, sets, args, lora: dict, out: dict) -> dict:
     """The base's scores, then the SFT job on demonstrations, its scores and its promotion."""
     out["base"] = [score(client, "smollm2", env, s) for s in sets]
     print("base", out["base"], flush=True)
-    sft_rows = [env.demonstration(t) for t in env.sample_tasks(args.sft_rows, "train", seed=0)]
+    # always the training tools (the default calls env): with --prompts new-tools the held-out
+    # env's "train" split is requests of the held-out tools, and demonstrations of those would
+    # make the held-out sets taught (a run of 2026-12-05 did: SFT 0% -> 98%, not a measurement)
+    taught = make_env("calls")
+    sft_rows = [taught.demonstration(t) for t in taught.sample_tasks(args.sft_rows, "train", seed=0)]
     job, sec = common.run_job(client, "smollm2", sft_rows, {"type": "supervised", "supervised": {
         "hyperparameters": {"lora": lora}}}, "calls-sft")
     out["sft_job"] = {"seconds": sec, "trained_tokens": job.trained_tokens,
