@@ -84,10 +84,12 @@ PROMPTS = {
 def score(client: OpenAI, model: str, env, tasks, max_tokens: int = 48) -> dict:
     """Correct and valid call rates through chat completions (greedy, 16 requests at once, so the
     server batches them)."""
+    # greedy scoring is idempotent: retried when a pooled keep-alive connection was closed
+    # under it (a run of 2026-12-05 lost its RFT scores to one "Server disconnected")
+    retrying = client.with_options(max_retries=3)
+
     def one(t):
-        # greedy scoring is idempotent: retried when a pooled keep-alive connection was closed
-        # under it (a run of 2026-12-05 lost its RFT scores to one "Server disconnected")
-        r = client.with_options(max_retries=3).chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
+        r = retrying.chat.completions.create(model=model, messages=list(t.prompt), tools=env.tools(t),
                                            temperature=0, max_tokens=max_tokens)
         text = reply_text(r.choices[0].message)
         return env.verify(t, list(t.prompt) + [{"role": "assistant", "content": text}])
