@@ -55,6 +55,15 @@ class GraderError(ValueError):
         self.kind = kind
 
 
+class UnknownModel(GraderError):
+    """A score_model grader names a model this server does not serve (the API answers 404
+    model_not_found, as for any request naming a model it does not have)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"score_model model {model!r} is not served here", "model_not_found")
+        self.model = model
+
+
 @dataclass(frozen=True)
 class Runtime:
     """What graders that run something need: `python(source, sample, item) -> reward` (the
@@ -408,7 +417,7 @@ def validate(g: Any, served: Callable[[str], bool] | None = None) -> Grader:
 
     def chat(model: str, messages: list[dict], params: dict) -> str:
         if served is not None and not served(model):
-            raise GraderError(f"score_model model {model!r} is not served here")
+            raise UnknownModel(model)
         return ""
     grade(g, _Anything(), _Anything(), Runtime(python=python, chat=chat, dry=True))
     return g

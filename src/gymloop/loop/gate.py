@@ -3,6 +3,9 @@ broke nothing. Suites are the target environment, built with its options, and ev
 held-out suite; the rule itself (`gate`) is a pure function of the scores."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .config import GateConfig, GateRun
 from ..engine import Engine
 from ..envs import make_env
@@ -66,3 +69,32 @@ def gate_and_promote(store, candidate: str, base_dir: str, cfg: GateRun) -> dict
                if ok else None)
     return {"promoted": ok, "why": why, "before": before, "after": after, "target": target, "version": version,
             "production_version": current["version"]}
+
+
+# What a model's config.json says of its shape: servers swap weights in place, so a model of
+# another shape cannot take the production slot.
+SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "vocab_size", "num_local_experts")
+
+
+class ArchitectureMismatch(ValueError):
+    """A candidate whose shape differs from production's."""
+
+
+def model_shape(model_dir: str) -> dict:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return {k: v for k, v in config.items() if k in SHAPE_KEYS}
+
+
+def promote_job_model(store, job: dict, cfg: GateRun, base_dir: str) -> dict:
+    """A finished fine-tuning job's model through the gate (`gate_and_promote`), its verdict
+    recorded as an event of the job. ArchitectureMismatch when it cannot take production's slot."""
+    current = store.versions.promoted()
+    production = current["path"] if current else base_dir
+    if model_shape(job["final_path"]) != model_shape(production):
+        raise ArchitectureMismatch(f"the model of {job['id']} has another architecture than production ({production})")
+    out = gate_and_promote(store, job["final_path"], base_dir, cfg)
+    msg = (f"Promoted to production as version {out['version']}: {out['why']}" if out["promoted"]
+           else f"Not promoted (production stays version {out['production_version']}): {out['why']}")
+    store.jobs.add_event(job["id"], "info", msg, "message", out)
+    return out

@@ -6,30 +6,35 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from .config import ServeConfig
 from .dashboard import PAGE, dashboard_data
 from .services import Services, services
 
-router = APIRouter()
 
-
-@router.get("/", response_class=HTMLResponse)
 async def dashboard():
     return HTMLResponse(PAGE)
 
 
-@router.get("/v1/dashboard")
 async def dashboard_json(svc: Services = Depends(services)):
     # Aggregates only (counts, scores, costs), never trace contents: readable without a key.
     return await run_in_threadpool(dashboard_data, svc.store, svc.batcher, svc.metrics.by_status(), svc.name)
 
 
-@router.get("/healthz")
 async def healthz(svc: Services = Depends(services)):
-    return {"status": "ok", "model": svc.name, "model_version": svc.batcher.version}
+    return {"status": "ok", "model": svc.name, "model_version": svc.batcher.version,
+            "job_worker": svc.worker is not None}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
 async def prom(svc: Services = Depends(services)):
     from prometheus_client import CONTENT_TYPE_LATEST
 
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def router(cfg: ServeConfig) -> APIRouter:
+    r = APIRouter()
+    r.add_api_route("/", dashboard, methods=["GET"], response_class=HTMLResponse)
+    r.add_api_route("/v1/dashboard", dashboard_json, methods=["GET"])
+    r.add_api_route("/healthz", healthz, methods=["GET"])
+    r.add_api_route("/metrics", prom, methods=["GET"], response_class=PlainTextResponse)
+    return r

@@ -1,11 +1,16 @@
-"""`gymloop serve`'s FastAPI app: routers over one Services object (services.py), every answer
-in OpenAI's shapes, errors in OpenAI's error shape.
+"""`gymloop serve`'s FastAPI app: one router per API over one Services object (services.py) and
+the shared serving core (core.py), every answer in OpenAI's shapes, errors in OpenAI's error shape.
+Each API module holds its request/response schemas and its routes, as `router(cfg)`.
 
     admin.py        /, /v1/dashboard, /healthz, /metrics
-    chat.py         /v1/models, /v1/chat/completions, /v1/feedback
+    models.py       /v1/models
+    chat.py         /v1/chat/completions
     completions.py  /v1/completions (raw text in, text and token log-probs out)
     responses.py    /v1/responses (the Responses API: input items, previous_response_id)
-    fine_tuning.py  /v1/files, /v1/fine_tuning/jobs, /v1/fine_tuning/alpha/graders
+    feedback.py     /v1/feedback
+    files.py        /v1/files                            (the fine-tuning API, when enabled)
+    graders.py      /v1/fine_tuning/alpha/graders
+    fine_tuning.py  /v1/fine_tuning/jobs
 """
 from __future__ import annotations
 
@@ -14,15 +19,16 @@ from fastapi.routing import APIRoute
 
 from ..models.chat import ChatTokenizer
 from ..store import Store
-from . import admin, fine_tuning
+from . import admin, chat, completions, feedback, files, fine_tuning, graders, models, responses
 from .batcher import Batcher
-from .chat import chat_router
-from .completions import completions_router
-from .responses import responses_router
 from .config import ServeConfig
 from .http import APIError, error_response
 from .metrics import InFlight
 from .services import Services
+
+
+SERVING_APIS = (admin, models, chat, completions, responses, feedback)
+FINE_TUNING_APIS = (files, graders, fine_tuning)
 
 
 def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer) -> FastAPI:
@@ -32,7 +38,7 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         svc.metrics.count(exc.status)
-        return error_response(exc.status, exc.message, exc.kind, exc.param)
+        return error_response(exc.status, exc.message, exc.kind, exc.param, exc.code)
 
     @app.middleware("http")
     async def _allow(request: Request, call_next):
@@ -47,13 +53,8 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
         return response
 
     app.add_middleware(InFlight, metrics=svc.metrics)
-    app.include_router(admin.router)
-    app.include_router(chat_router(cfg))
-    app.include_router(completions_router(cfg))
-    app.include_router(responses_router(cfg))
-    if cfg.fine_tuning:
-        for router in (fine_tuning.files, fine_tuning.graders, fine_tuning.jobs):
-            app.include_router(router)
+    for api in SERVING_APIS + (FINE_TUNING_APIS if cfg.fine_tuning else ()):
+        app.include_router(api.router(cfg))
     return app
 
 

@@ -3,19 +3,15 @@ for RL drivers that work on raw text; `n` samples as one group, each answer a tr
 completion's. Streaming is not offered here (a 400 says so)."""
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
-from starlette.concurrency import run_in_threadpool
 
-from ..engine import SamplingParams
-from .batcher import BatcherStopped
-from .chat import MAX_N, Prepared, check_prompt, check_token_limits, commit_trace, reply_text, submit_group
 from .config import ServeConfig
-from .http import APIError
+from .core import MAX_N, Prepared, check_prompt, check_token_limits, commit_trace, generate, reply_text, resolve, \
+    sampling
 from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
 
@@ -60,19 +56,13 @@ def _logprobs(tok, gen, k: int) -> dict:
 
 async def _prepare(svc: Services, req: CompletionRequest, who: Caller) -> Prepared:
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
-                          else await run_in_threadpool(svc.served, req.model, who.tenant))
+    batcher, tok, name = await resolve(svc, req.model, who)
     check_token_limits(svc.cfg, req, ("max_tokens",))
     prompt = tok.encode(prompts[0])
     check_prompt(svc.cfg, prompt, "prompt")
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    params = SamplingParams(max_new_tokens=req.max_tokens or svc.cfg.default_max_tokens,
-                            temperature=req.temperature if req.temperature >= 1e-4 else 0.0, top_p=req.top_p,
-                            stop_token_ids=tok.eos_token_ids, stop=stop, seed=req.seed,
-                            top_logprobs=req.logprobs or 0)
-    p = Prepared(req, who, batcher, tok, name, prompt, params, stop)
-    p.cid = "cmpl-" + p.cid.split("-", 1)[1]
-    return p
+    params, stop = sampling(tok, req.max_tokens or svc.cfg.default_max_tokens, req.temperature, req.top_p,
+                            req.stop, req.seed, req.logprobs or 0)
+    return Prepared(req, who, batcher, tok, name, prompt, params, stop, n=req.n).with_id_prefix("cmpl-")
 
 
 def _choice(p: Prepared, gen, index: int) -> dict:
@@ -80,27 +70,23 @@ def _choice(p: Prepared, gen, index: int) -> dict:
             "logprobs": None if p.req.logprobs is None else _logprobs(p.tok, gen, p.req.logprobs)}
 
 
-def completions_router(cfg: ServeConfig) -> APIRouter:
-    router = APIRouter()
+async def completions(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    p = await _prepare(svc, await svc.body(request, CompletionRequest), who)
+    gens, version = await generate(p)
+    n_gen = sum(len(g.token_ids) for g in gens)
+    body = {"id": p.cid, "object": "text_completion", "created": p.created, "model": p.name,
+            "system_fingerprint": f"gymloop-v{version}", "model_version": version,
+            "choices": [_choice(p, g, i) for i, g in enumerate(gens)],
+            "usage": {"prompt_tokens": len(p.prompt), "completion_tokens": n_gen,
+                      "total_tokens": len(p.prompt) + n_gen}}
+    trace_id = await commit_trace(svc, p, body, version, n_gen)
+    return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id, "x-gymloop-model-version": str(version)})
 
-    @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest, {
+
+def router(cfg: ServeConfig) -> APIRouter:
+    """POST /v1/completions; `cfg` shapes the documented schema (the served name, the token limit)."""
+    r = APIRouter()
+    r.add_api_route("/v1/completions", completions, methods=["POST"], openapi_extra=json_body(CompletionRequest, {
         "model": {"enum": [cfg.served_name()]}, "max_tokens": {"maximum": cfg.max_tokens_limit}}),
         responses=error_responses(400, 401, 404, 413))
-    async def completions(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-        p = await _prepare(svc, await svc.body(request, CompletionRequest), who)
-        rs = submit_group(p)
-        try:
-            gens = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in rs))
-        except BatcherStopped as exc:
-            raise APIError(503, str(exc), "server_error") from None
-        version = rs[0].version
-        n_gen = sum(len(g.token_ids) for g in gens)
-        body = {"id": p.cid, "object": "text_completion", "created": p.created, "model": p.name,
-                "system_fingerprint": f"gymloop-v{version}", "model_version": version,
-                "choices": [_choice(p, g, i) for i, g in enumerate(gens)],
-                "usage": {"prompt_tokens": len(p.prompt), "completion_tokens": n_gen,
-                          "total_tokens": len(p.prompt) + n_gen}}
-        trace_id = await commit_trace(svc, p, body, version, n_gen)
-        return JSONResponse(body, headers={"x-gymloop-trace-id": trace_id, "x-gymloop-model-version": str(version)})
-
-    return router
+    return r

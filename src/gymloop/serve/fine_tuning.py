@@ -1,46 +1,123 @@
-"""The fine-tuning API on `gymloop serve`, as the official `openai` client calls it:
-/v1/files, /v1/fine_tuning/jobs (create, list, retrieve, cancel, pause, resume, events,
-checkpoints and their downloads, estimate, and an admin key's promote) and
-/v1/fine_tuning/alpha/graders (run, validate), as three routers (files, graders, jobs) over the
-app's Services. Request bodies: fine_tuning_bodies.py. Every API key is a tenant: it sees only its own files, jobs and models,
-and another tenant's ids are 404s. Shapes follow openai-python's types (never null where the
-client expects a value: result_files, organization_id, seed, hyperparameters).
-"""
+"""/v1/fine_tuning/jobs of the fine-tuning API, as the official `openai` client calls it: create,
+estimate, list, retrieve, cancel, pause, resume, events, checkpoints and their downloads, and an
+admin key's promote through the loop's gate. Every API key is a tenant: it sees only its own jobs
+and models, and another tenant's ids are 404s. Shapes follow openai-python's types (never null
+where the client expects a value: result_files, organization_id, seed, hyperparameters). Request
+bodies' fields not set are None, so a route can tell "auto" and absent apart from a value."""
 from __future__ import annotations
 
 import time
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from .http import APIError, found, limit_of
-from .openapi import error_responses, json_body
-from .services import Caller, Services, caller, services
-from ..store import Store
+from ..bases.nano import nano_tokenizer
+from ..config import EnvSpec
 from ..envs.grader_types import Grader
-from ..envs.graders import GraderError
 from ..finetune.archive import FORMATS
-from ..finetune.formats import FormatError, parse
-from ..finetune.job import BASE_LR, resolve
+from ..finetune.estimate import epoch_tokens
+from ..finetune.formats import parse
+from ..finetune.job import resolve
+from ..loop.config import GateConfig, GateRun
+from ..loop.gate import ArchitectureMismatch, promote_job_model
 from ..models.checkpoint import parameter_count
-from .fine_tuning_bodies import GraderRun, GraderValidate, JobCreate, PromoteRequest, grader_dict
+from ..models.lora import LoraOptions
+from .config import ServeConfig
+from .graders import check_grader, grader_dict
+from .http import APIError, found, limit_of, page
+from .openapi import error_responses, json_body, json_int
+from .services import Caller, Services, caller, services
 
-UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file", "purpose"],
-    "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["fine-tune"]}}}}}}}
 STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused")
-MAX_FILE_BYTES = 512 << 20
 
 
-def _file(f: dict) -> dict:
-    # files never expire here: no expires_at (the schema has no null for it); status_details only
-    # when there is one (why a file failed validation)
-    out = {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": int(f["created"]),
-           "filename": f["filename"], "purpose": f["purpose"], "status": f["status"]}
-    if f["status_details"] is not None:
-        out["status_details"] = f["status_details"]
-    return out
+Auto = Literal["auto"]
+
+
+class Hyperparameters(BaseModel):
+    """A method's hyper-parameters: "auto" (or absent) or a value (methods.resolve)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_epochs: json_int(1, 1000) | Auto | None = None
+    batch_size: json_int(1, 4096) | Auto | None = None
+    learning_rate_multiplier: Annotated[float, Field(gt=0, le=1000)] | Auto | None = None
+    beta: Annotated[float, Field(gt=0, le=100)] | Auto | None = Field(None, description="dpo: the KL weight.")
+    sft_weight: Annotated[float, Field(ge=0, le=100)] | Auto | None = Field(
+        None, description="dpo: weight of an NLL term on the preferred answer (RPO); auto: 1, 0: plain DPO.")
+    length_normalize: bool | None = Field(None, description="dpo: log-ratios per token, not per answer.")
+    reference_free: bool | None = Field(None, description="dpo: no reference model.")
+    lora: LoraOptions | None = Field(None, description="Any method: train LoRA adapters (peft) instead of "
+                                     "every weight.")
+    compute_multiplier: Annotated[float, Field(gt=0, le=64)] | Auto | None = Field(
+        None, description="reinforcement: samples per prompt = 8 x this (at least 2).")
+    group_size: json_int(2, 256) | Auto | None = Field(None, description="reinforcement: samples per prompt "
+                                                        "(overrides compute_multiplier).")
+    max_new_tokens: json_int(1, 4096) | Auto | None = Field(None, description="reinforcement: most tokens per "
+                                                             "sampled answer.")
+    eval_interval: json_int(0, 100000) | Auto | None = Field(None, description="reinforcement: steps between "
+                                                              "held-out evaluations (0: at the end only).")
+    eval_samples: json_int(1, 100000) | Auto | None = Field(None, description="reinforcement: held-out prompts "
+                                                             "evaluated (validation_file, else training prompts).")
+    micro_batch_size: json_int(0, 4096) | Auto | None = Field(
+        None, description="supervised and reinforcement: rows (sampled answers) per forward/backward pass, "
+        "gradients summed over the parts (the same update in less memory; auto: 0, all at once, for models up to 1M parameters, else 4).")
+
+
+class MethodOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: Hyperparameters | None = None
+
+
+class ReinforcementOptions(MethodOptions):
+    grader: Grader = Field(description="The grader that rewards each sampled answer.")
+
+
+class MethodBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["supervised", "dpo", "reinforcement"]
+    supervised: MethodOptions | None = None
+    dpo: MethodOptions | None = None
+    reinforcement: ReinforcementOptions | None = None
+
+
+class PromoteRequest(BaseModel):
+    """POST /v1/fine_tuning/jobs/{id}/promote (admin keys): the job's model through the loop's
+    gate into the production slot. The suites are scored for production and candidate now."""
+
+    model_config = ConfigDict(extra="forbid")
+    env: EnvSpec = Field(description="The target suite: an environment and its options (as a loop's env).")
+    suites: list[str] = Field(default_factory=list, max_length=16, description="Other held-out suites that must "
+                              "not fall by more than epsilon.")
+    eval_tasks: json_int(1, 100000) = Field(200, description="Held-out tasks per suite.")
+    max_new_tokens: json_int(1, 4096) = Field(8, description="Most tokens per model turn in the evaluation.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="delta and epsilon of the gate.")
+
+
+class JobCreate(BaseModel):
+    """POST /v1/fine_tuning/jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="A base model this server can train ('nano', ...), or an ft: "
+                       "model or checkpoint id of yours (continued training).")
+    training_file: str
+    validation_file: str | None = None
+    suffix: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    seed: json_int(0, 2**31 - 1) | None = None
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    method: MethodBody | None = None
+    hyperparameters: Hyperparameters | None = Field(None, description="Legacy: the supervised method's "
+                                                    "hyper-parameters.")
+    integrations: list[dict] | None = Field(None, max_length=0, description="None are supported (metrics are "
+                                            "the job's events and its results file).")
+
+
+def _epoch_tokens(svc: Services, tenant: str, file_id: str, method: str, hp: dict) -> int:
+    """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
+    other tokenizers)."""
+    return epoch_tokens(method, nano_tokenizer(), parse(svc.store.files.content(tenant, file_id)).rows, hp)
 
 
 def _job(j: dict) -> dict:
@@ -67,109 +144,6 @@ def _checkpoint(c: dict) -> dict:
     return {"id": c["id"], "object": "fine_tuning.job.checkpoint", "created_at": int(c["created"]),
             "fine_tuned_model_checkpoint": c["model_id"], "fine_tuning_job_id": c["job_id"],
             "step_number": c["step"], "metrics": {k: v for k, v in c["metrics"].items() if k != "total_steps"}}
-
-
-def _page(items: list[dict], more: bool) -> dict:
-    """A list page; first_id / last_id name its ends (null when empty), as OpenAI's lists do."""
-    return {"object": "list", "data": items, "has_more": more,
-            "first_id": items[0]["id"] if items else None, "last_id": items[-1]["id"] if items else None}
-
-
-# --- files -------------------------------------------------------------------------------------
-files = APIRouter()
-
-
-@files.post("/v1/files", openapi_extra=UPLOAD_BODY, responses=error_responses(400, 401, 413))
-async def create_file(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    try:
-        form = await request.form(max_part_size=MAX_FILE_BYTES)
-    except Exception as exc:  # noqa: BLE001 - Starlette's multipart errors, in OpenAI's error shape
-        raise APIError(400, f"the body is not a valid multipart form: {getattr(exc, 'detail', exc)}") from None
-    upload, purpose = form.get("file"), form.get("purpose")
-    if purpose not in ("fine-tune",):
-        raise APIError(400, f"purpose must be 'fine-tune' (got {purpose!r})", param="purpose")
-    if upload is None or isinstance(upload, str):
-        raise APIError(400, "a multipart 'file' field is required", param="file")
-    content = await upload.read()
-    try:
-        parsed = parse(content)
-        status, details, kind, examples = "processed", None, parsed.kind, len(parsed.rows)
-    except FormatError as exc:
-        # kept, and said: the file is listed with the first bad line, nothing is lost
-        status, details, kind, examples = "error", str(exc), None, None
-    f = await run_in_threadpool(svc.store.files.add, tenant=who.tenant, filename=upload.filename or "upload.jsonl",
-                                purpose=purpose, content=content, status=status, status_details=details,
-                                kind=kind, examples=examples)
-    return _file(f)
-
-
-@files.get("/v1/files", responses=error_responses(400, 401))
-async def list_files(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    rows, more = svc.store.files.list(who.tenant, after=request.query_params.get("after"), limit=limit_of(request),
-                                      purpose=request.query_params.get("purpose"))
-    return _page([_file(f) for f in rows], more)
-
-
-def own_file(svc: Services, tenant: str, file_id: str) -> dict:
-    return found(svc.store.files.get(tenant, file_id), f"File object: {file_id}", "id")
-
-
-@files.get("/v1/files/{file_id}", responses=error_responses(401, 404))
-async def get_file(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    return _file(own_file(svc, who.tenant, file_id))
-
-
-@files.get("/v1/files/{file_id}/content", responses={
-    200: {"description": "the file as uploaded", "content": {"application/octet-stream": {}}},
-    **error_responses(401, 404)})
-async def file_content(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    own_file(svc, who.tenant, file_id)
-    return Response(svc.store.files.content(who.tenant, file_id), media_type="application/octet-stream")
-
-
-@files.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
-async def delete_file(file_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    own_file(svc, who.tenant, file_id)
-    svc.store.files.delete(who.tenant, file_id)
-    return {"id": file_id, "object": "file", "deleted": True}
-
-
-# --- graders ---------------------------------------------------------------------------------
-graders = APIRouter()
-
-
-def check_grader(svc: Services, tenant: str, grader: Grader, param: str) -> None:
-    from ..envs.graders import validate as check
-
-    try:
-        check(grader, served=lambda model: svc.servable(tenant, model))
-    except GraderError as exc:
-        raise APIError(400, f"invalid grader: {exc}", param=param) from None
-
-
-@graders.post("/v1/fine_tuning/alpha/graders/run", openapi_extra=json_body(GraderRun),
-              responses=error_responses(400, 401, 413))
-async def run_grader(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    """The reward a grader gives a sample; a grader that fails says so in metadata.errors."""
-    from ..envs.graders import run
-
-    body: GraderRun = await svc.body(request, GraderRun)
-    return await run_in_threadpool(run, body.grader, body.model_sample, body.item or {},
-                                   svc.grader_runtime(who.tenant))
-
-
-@graders.post("/v1/fine_tuning/alpha/graders/validate", openapi_extra=json_body(GraderValidate),
-              responses=error_responses(400, 401, 413))
-async def validate_grader(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-    """The grader back when it is well-formed (every part checked, python parsed, not run);
-    a 400 naming what is wrong otherwise."""
-    body: GraderValidate = await svc.body(request, GraderValidate)
-    await run_in_threadpool(check_grader, svc, who.tenant, body.grader, "grader")
-    return {"grader": grader_dict(body.grader)}
-
-
-# --- jobs ------------------------------------------------------------------------------------
-jobs = APIRouter()
 
 
 def _training_files(svc: Services, tenant: str, body: JobCreate, method: str) -> int:
@@ -216,8 +190,6 @@ def check_create(svc: Services, tenant: str, body: JobCreate) -> tuple[dict, dic
     return spec, {"resolved": hp.__dict__, "public": hp.public(method)}, n
 
 
-@jobs.post("/v1/fine_tuning/jobs", openapi_extra=json_body(JobCreate),
-           responses=error_responses(400, 401, 404, 409, 413))
 async def create_job(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
     body: JobCreate = await svc.body(request, JobCreate)
     spec, hyper, _ = await run_in_threadpool(check_create, svc, who.tenant, body)
@@ -228,15 +200,13 @@ async def create_job(request: Request, svc: Services = Depends(services), who: C
     return _job(job)
 
 
-@jobs.post("/v1/fine_tuning/jobs/estimate", openapi_extra=json_body(JobCreate),
-           responses=error_responses(400, 401, 404, 409, 413))
 async def estimate(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
     """Trained tokens of a job before it runs (its examples x epochs), and its cost at the
     throughput this server's trainer measured, when it has finished a job."""
     body: JobCreate = await svc.body(request, JobCreate)
     spec, hyper, _ = await run_in_threadpool(check_create, svc, who.tenant, body)
     method = spec["type"]
-    tokens = await run_in_threadpool(_tokens_of, svc.store, who.tenant, body.training_file, method, hyper["resolved"])
+    tokens = await run_in_threadpool(_epoch_tokens, svc, who.tenant, body.training_file, method, hyper["resolved"])
     trained = tokens * hyper["resolved"]["n_epochs"]
     rate = svc.store.ledger.fine_tuning_rate()
     out = {"object": "fine_tuning.job.estimate", "trained_tokens": trained, "method": method,
@@ -248,19 +218,17 @@ async def estimate(request: Request, svc: Services = Depends(services), who: Cal
     return out
 
 
-@jobs.get("/v1/fine_tuning/jobs", responses=error_responses(400, 401))
 async def list_jobs(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
     meta = {k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
     rows, more = svc.store.jobs.list(who.tenant, after=request.query_params.get("after"), limit=limit_of(request),
                                      metadata=meta or None)
-    return _page([_job(j) for j in rows], more)
+    return page([_job(j) for j in rows], more)
 
 
 def own_job(svc: Services, tenant: str, job_id: str) -> dict:
     return found(svc.store.jobs.get(tenant, job_id), f"fine-tuning job: {job_id}", "fine_tuning_job_id")
 
 
-@jobs.get("/v1/fine_tuning/jobs/{job_id}", responses=error_responses(401, 404))
 async def get_job(job_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
     return _job(own_job(svc, who.tenant, job_id))
 
@@ -285,9 +253,6 @@ def _act(action: str):
     return route
 
 
-for _action in ACTIONS:
-    jobs.post(f"/v1/fine_tuning/jobs/{{job_id}}/{_action}", name=f"{_action}_job",
-              responses=error_responses(401, 404, 409))(_act(_action))
 
 
 def _job_list(what: str, shape):
@@ -295,17 +260,12 @@ def _job_list(what: str, shape):
     async def route(job_id: str, request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
         own_job(svc, who.tenant, job_id)
         rows, more = getattr(svc.store.jobs, what)(job_id, after=request.query_params.get("after"), limit=limit_of(request))
-        return _page([shape(r) for r in rows], more)
+        return page([shape(r) for r in rows], more)
     return route
 
 
-for _what, _shape in (("events", _event), ("checkpoints", _checkpoint)):
-    jobs.get(f"/v1/fine_tuning/jobs/{{job_id}}/{_what}", name=f"job_{_what}",
-             responses=error_responses(400, 401, 404))(_job_list(_what, _shape))
 
 
-@jobs.post("/v1/fine_tuning/jobs/{job_id}/promote", openapi_extra=json_body(PromoteRequest),
-           responses=error_responses(400, 401, 403, 404, 409, 413))
 async def promote(job_id: str, request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
     """An admin key's request: the job's fine-tuned model replaces the production model (the
     one this server and `gymloop run` serve and train from) if the loop's gate passes it."""
@@ -317,14 +277,18 @@ async def promote(job_id: str, request: Request, svc: Services = Depends(service
         raise APIError(409, f"job {job_id} is {job['status']}; only a succeeded job's model can be promoted",
                        param="fine_tuning_job_id")
     body: PromoteRequest = await svc.body(request, PromoteRequest)
-    return await run_in_threadpool(_promote, svc.store, job, body, svc.production_dir())
+    cfg = GateRun(env=body.env, suites=body.suites, gate=body.gate,
+                  eval={"tasks": body.eval_tasks, "every": 0, "max_new_tokens": body.max_new_tokens})
+    try:
+        out = await run_in_threadpool(promote_job_model, svc.store, job, cfg, svc.production_dir())
+    except ArchitectureMismatch as exc:
+        raise APIError(409, str(exc), param="fine_tuning_job_id") from None
+    except ValueError as exc:        # an environment that cannot be built, too few held-out tasks
+        raise APIError(400, str(exc), param="env") from None
+    return {"object": "fine_tuning.job.promotion", "fine_tuning_job_id": job["id"],
+            "fine_tuned_model": job["fine_tuned_model"], **out}
 
 
-@jobs.get("/v1/fine_tuning/jobs/{job_id}/checkpoints/{checkpoint_id}/content", responses={
-    200: {"description": "the checkpoint as a .tar.gz of one directory", "content": {"application/gzip": {}}},
-    **error_responses(400, 401, 404, 409)}, openapi_extra={"parameters": [
-        {"name": "format", "in": "query", "required": False,
-         "schema": {"type": "string", "enum": list(FORMATS), "default": "merged"}}]})
 async def checkpoint_content(job_id: str, checkpoint_id: str, request: Request, svc: Services = Depends(services),
                              who: Caller = Depends(caller)):
     """A checkpoint to load with Hugging Face: format=merged, the model (LoRA folded in), for
@@ -337,38 +301,6 @@ async def checkpoint_content(job_id: str, checkpoint_id: str, request: Request, 
         raise APIError(400, f"format must be one of {', '.join(FORMATS)} (got {format!r})", param="format")
     name = ckpt["model_id"].replace(":", "_") + ("-adapter" if format == "adapter" else "")
     return await run_in_threadpool(_archive_response, ckpt, format, name)
-
-
-SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "vocab_size", "num_local_experts")
-
-
-def _promote(store: Store, job: dict, body: PromoteRequest, base_dir: str) -> dict:
-    """The gate's verdict on a job's model, recorded as an event of the job."""
-    import json
-    from pathlib import Path
-
-    from ..loop.gate import gate_and_promote
-    from ..loop.config import GateRun
-
-    current = store.versions.promoted()
-    production = current["path"] if current else base_dir
-    shape = lambda d: {k: v for k, v in json.loads((Path(d) / "config.json").read_text()).items() if k in SHAPE_KEYS}  # noqa: E731
-    if shape(job["final_path"]) != shape(production):
-        # servers swap weights in place: a model of another shape cannot take the slot
-        raise APIError(409, f"the model of {job['id']} has another architecture than production ({production})",
-                    param="fine_tuning_job_id")
-    cfg = GateRun(env=body.env, suites=body.suites, gate=body.gate,
-                  eval={"tasks": body.eval_tasks, "every": 0, "max_new_tokens": body.max_new_tokens})
-    try:
-        out = gate_and_promote(store, job["final_path"], base_dir, cfg)
-    except ValueError as exc:        # an environment that cannot be built, too few held-out tasks
-        raise APIError(400, str(exc), param="env") from None
-    msg = (f"Promoted to production as version {out['version']}: {out['why']}" if out["promoted"]
-           else f"Not promoted (production stays version {out['production_version']}): {out['why']}")
-    store.jobs.add_event(job["id"], "info", msg, "message", out)
-    return {"object": "fine_tuning.job.promotion", "fine_tuning_job_id": job["id"],
-            "fine_tuned_model": job["fine_tuned_model"], **out}
 
 
 def _archive_response(ckpt: dict, fmt: str, name: str) -> Response:
@@ -397,35 +329,27 @@ def _archive_response(ckpt: dict, fmt: str, name: str) -> Response:
                         background=BackgroundTask(os.unlink, tmp))
 
 
-def _sft_tokens(tok, rows: list[dict], hp: dict) -> int:
-    from ..finetune.examples import sft_example
-
-    return sum(len(sft_example(tok, r)[0]) for r in rows)
-
-
-def _dpo_tokens(tok, rows: list[dict], hp: dict) -> int:
-    from ..finetune.examples import completion_example
-
-    return sum(len(completion_example(tok, r["input"]["messages"], r[k], r["input"].get("tools"))[0])
-               for r in rows for k in ("preferred_output", "non_preferred_output"))
-
-
-def _rft_tokens(tok, rows: list[dict], hp: dict) -> int:
-    # group_size samples of each prompt, each at most max_new_tokens long
-    return sum(hp["group_size"] * (len(tok.prompt_ids(r["messages"], tools=r.get("tools"))) + hp["max_new_tokens"])
-               for r in rows)
-
-
-# method -> tokens one epoch of its rows trains on
-EPOCH_TOKENS = {"supervised": _sft_tokens, "dpo": _dpo_tokens, "reinforcement": _rft_tokens}
-
-
-def _tokens_of(store: Store, tenant: str, file_id: str, method: str, hp: dict) -> int:
-    """Tokens one epoch of a file trains on (rendered by the nano chat template: an estimate for
-    other tokenizers)."""
-    from ..bases.nano import nano_tokenizer
-
-    return EPOCH_TOKENS[method](nano_tokenizer(), parse(store.files.content(tenant, file_id)).rows, hp)
-
-
-__all__ = ["BASE_LR", "STATUSES", "files", "graders", "jobs"]
+def router(cfg: ServeConfig) -> APIRouter:
+    r = APIRouter()
+    r.add_api_route("/v1/fine_tuning/jobs", create_job, methods=["POST"], openapi_extra=json_body(JobCreate),
+                    responses=error_responses(400, 401, 404, 409, 413))
+    r.add_api_route("/v1/fine_tuning/jobs/estimate", estimate, methods=["POST"], openapi_extra=json_body(JobCreate),
+                    responses=error_responses(400, 401, 404, 409, 413))
+    r.add_api_route("/v1/fine_tuning/jobs", list_jobs, methods=["GET"], responses=error_responses(400, 401))
+    r.add_api_route("/v1/fine_tuning/jobs/{job_id}", get_job, methods=["GET"], responses=error_responses(401, 404))
+    for action in ACTIONS:
+        r.add_api_route(f"/v1/fine_tuning/jobs/{{job_id}}/{action}", _act(action), methods=["POST"],
+                        name=f"{action}_job", responses=error_responses(401, 404, 409))
+    for what, shape in (("events", _event), ("checkpoints", _checkpoint)):
+        r.add_api_route(f"/v1/fine_tuning/jobs/{{job_id}}/{what}", _job_list(what, shape), methods=["GET"],
+                        name=f"job_{what}", responses=error_responses(400, 401, 404))
+    r.add_api_route("/v1/fine_tuning/jobs/{job_id}/promote", promote, methods=["POST"],
+                    openapi_extra=json_body(PromoteRequest), responses=error_responses(400, 401, 403, 404, 409, 413))
+    r.add_api_route("/v1/fine_tuning/jobs/{job_id}/checkpoints/{checkpoint_id}/content", checkpoint_content,
+                    methods=["GET"], responses={
+                        200: {"description": "the checkpoint as a .tar.gz of one directory",
+                              "content": {"application/gzip": {}}},
+                        **error_responses(400, 401, 404, 409)}, openapi_extra={"parameters": [
+                            {"name": "format", "in": "query", "required": False,
+                             "schema": {"type": "string", "enum": list(FORMATS), "default": "merged"}}]})
+    return r

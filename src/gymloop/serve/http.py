@@ -20,8 +20,9 @@ STATUS_OF = {StoreError: 400, NotFound: 404, Conflict: 409}
 class APIError(Exception):
     """An answer other than 200, in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
     @classmethod
     def of(cls, exc: StoreError, param: str | None = None) -> "APIError":
@@ -29,8 +30,9 @@ class APIError(Exception):
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
-                   param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
@@ -71,3 +73,9 @@ def found(row: dict | None, what: str, param: str) -> dict:
 def bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     return header[7:] if header.lower().startswith("bearer ") else ""
+
+
+def page(items: list[dict], more: bool) -> dict:
+    """A list page; first_id / last_id name its ends (null when empty), as OpenAI's lists do."""
+    return {"object": "list", "data": items, "has_more": more,
+            "first_id": items[0]["id"] if items else None, "last_id": items[-1]["id"] if items else None}

@@ -11,7 +11,6 @@ can continue it.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
@@ -20,12 +19,9 @@ from typing import Annotated, Any, AsyncIterator, Literal
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from ..engine import SamplingParams
 from ..models.toolcalls import reply_message
-from .batcher import BatcherStopped
-from .chat import Prepared, Streamed, check_prompt, commit_trace, reply_text
+from .core import Prepared, Streamed, check_prompt, commit_trace, generate, reply_text, resolve, sampling
 from .config import ServeConfig
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
@@ -164,8 +160,7 @@ def _as_input(item: dict) -> dict:
 
 
 async def _prepare(svc: Services, req: ResponseRequest, who: Caller) -> tuple[Prepared, list[dict]]:
-    batcher, tok, name = (svc.served(req.model, who.tenant) if req.model == svc.name
-                          else await run_in_threadpool(svc.served, req.model, who.tenant))
+    batcher, tok, name = await resolve(svc, req.model, who)
     if req.max_output_tokens is not None and req.max_output_tokens > svc.cfg.max_tokens_limit:
         raise APIError(400, f"max_output_tokens {req.max_output_tokens} exceeds the limit of "
                        f"{svc.cfg.max_tokens_limit}", param="max_output_tokens")
@@ -176,12 +171,9 @@ async def _prepare(svc: Services, req: ResponseRequest, who: Caller) -> tuple[Pr
     except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
         raise APIError(400, f"input could not be rendered by the chat template: {exc}") from None
     check_prompt(svc.cfg, prompt, "input")
-    params = SamplingParams(max_new_tokens=req.max_output_tokens or svc.cfg.default_max_tokens,
-                            temperature=req.temperature if req.temperature >= 1e-4 else 0.0, top_p=req.top_p,
-                            stop_token_ids=tok.eos_token_ids)
-    p = Prepared(req, who, batcher, tok, name, prompt, params, (), calls=bool(req.tools) and req.tool_choice != "none")
-    p.cid = "resp_" + p.cid.split("-", 1)[1]
-    return p, messages
+    params, stop = sampling(tok, req.max_output_tokens or svc.cfg.default_max_tokens, req.temperature, req.top_p)
+    p = Prepared(req, who, batcher, tok, name, prompt, params, stop, calls=bool(req.tools) and req.tool_choice != "none")
+    return p.with_id_prefix("resp_"), messages
 
 
 def output_items(p: Prepared, text: str, done: bool) -> list[dict]:
@@ -290,34 +282,31 @@ async def stream_events(svc: Services, p: Prepared, messages: list[dict]) -> Asy
     yield event("response.completed" if body["status"] == "completed" else "response.incomplete", {"response": body})
 
 
-def responses_router(cfg: ServeConfig) -> APIRouter:
-    router = APIRouter()
+async def create(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    req: ResponseRequest = await svc.body(request, ResponseRequest)
+    p, messages = await _prepare(svc, req, who)
+    if req.stream:
+        return StreamingResponse(stream_events(svc, p, messages), media_type="text/event-stream",
+                                 headers={"x-gymloop-trace-id": p.cid})
+    (gen,), version = await generate(p)
+    body = await _committed(svc, p, gen, version, messages)
+    return JSONResponse(body, headers={"x-gymloop-trace-id": p.cid, "x-gymloop-model-version": str(version)})
 
-    @router.post("/v1/responses", openapi_extra=json_body(ResponseRequest, {"model": {"enum": [cfg.served_name()]},
-                                                                   "max_output_tokens": {"maximum": cfg.max_tokens_limit}}),
-                 responses={200: {"description": "a response, or with stream: true a text/event-stream of its events",
-                                  "content": {"application/json": {}, "text/event-stream": {}}},
-                            **error_responses(400, 401, 404, 413)})
-    async def create(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-        req: ResponseRequest = await svc.body(request, ResponseRequest)
-        p, messages = await _prepare(svc, req, who)
-        if req.stream:
-            return StreamingResponse(stream_events(svc, p, messages), media_type="text/event-stream",
-                                     headers={"x-gymloop-trace-id": p.cid})
-        r = p.batcher.submit(p.prompt, p.params)
-        try:
-            gen = await asyncio.wrap_future(r.future)
-        except BatcherStopped as exc:
-            raise APIError(503, str(exc), "server_error") from None
-        body = await _committed(svc, p, gen, r.version, messages)
-        return JSONResponse(body, headers={"x-gymloop-trace-id": p.cid, "x-gymloop-model-version": str(r.version)})
 
-    @router.get("/v1/responses/{response_id}", responses=error_responses(401, 404))
-    async def retrieve(response_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
-        trace = svc.store.traces.get(response_id)
-        if trace is None or trace["key_id"] != who.key_id or trace["response"].get("object") != "response":
-            raise APIError(404, f"No such response: {response_id}", param="response_id")
-        return trace["response"]
+async def retrieve(response_id: str, svc: Services = Depends(services), who: Caller = Depends(caller)):
+    trace = svc.store.traces.get(response_id)
+    if trace is None or trace["key_id"] != who.key_id or trace["response"].get("object") != "response":
+        raise APIError(404, f"No such response: {response_id}", param="response_id")
+    return trace["response"]
 
-    return router
 
+def router(cfg: ServeConfig) -> APIRouter:
+    """POST /v1/responses, GET /v1/responses/{id}; `cfg` shapes the documented schema."""
+    r = APIRouter()
+    r.add_api_route("/v1/responses", create, methods=["POST"], openapi_extra=json_body(ResponseRequest, {
+        "model": {"enum": [cfg.served_name()]}, "max_output_tokens": {"maximum": cfg.max_tokens_limit}}),
+        responses={200: {"description": "a response, or with stream: true a text/event-stream of its events",
+                         "content": {"application/json": {}, "text/event-stream": {}}},
+                   **error_responses(400, 401, 404, 413)})
+    r.add_api_route("/v1/responses/{response_id}", retrieve, methods=["GET"], responses=error_responses(401, 404))
+    return r

@@ -42,6 +42,7 @@ class Services:
     keys: frozenset[str] = frozenset()
     serving_ledger: object = None        # accounting.rows.ServingLedger, set by serve.build
     worker: object = None                # finetune.worker.JobWorker beside the server, when it runs one
+    follower: object = None              # server.Follower: the promotion follower's checks, set by serve.build
 
     @classmethod
     def of(cls, cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer, load) -> "Services":
@@ -68,7 +69,7 @@ class Services:
         path = self.store.jobs.fine_tuned_model(tenant, model) if self.cfg.fine_tuning else None
         if path is None:
             raise APIError(404, f"model {model!r} not found; this server serves {self.name!r} and your "
-                           "fine-tuned models (GET /v1/models)", param="model")
+                           "fine-tuned models (GET /v1/models)", param="model", code="model_not_found")
         b, t = self.pool.get(model, path)
         return b, t, model
 
