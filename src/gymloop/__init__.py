@@ -1,6 +1,6 @@
 """gymloop: continuous post-training of agents.
 
-The public API (frozen early; see STYLE.md): the engine, the environments, the policy losses,
+The public API (frozen early: what a user imports stays importable): the engine, the environments, the policy losses,
 the trainer, evaluation and the `train` job. Names are imported on first use (PEP 562), so
 `import gymloop` and the `gymloop` CLI start without importing torch.
 """

@@ -12,6 +12,15 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _model_help() -> str:
+    from .bases.registry import MODELS
+
+    return f"a model name ({', '.join(MODELS)}; nano ones take ':seed=N') or a Hugging Face model directory"
+
+
+MODEL_HELP = _model_help()
+
+
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -82,51 +91,58 @@ def story_table(summary: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Two chapters: the loop that learns (arithmetic, the foundation) and the loop that never
-    stops (serve, production traffic, rounds, a tool-API drift, the recovery). Every table is
-    printed from the summary files the runs wrote, not from memory."""
-    from .jobs.demo import run_demo
-    from .jobs.recipes import demo_config
-    from .jobs.story import StoryConfig, run_story
+    """The chapters, each the YAML config of configs/demo-<chapter>.yaml: learn (arithmetic, the
+    foundation), loop (serve, production traffic, rounds, a tool-API drift, the recovery) and, on
+    its own, agent (that loop with SmolLM2). Every table is printed from the summary files the
+    runs wrote, not from memory."""
+    from .config import ConfigError
+    from .demos import chapter_config, seeded
+    from .demos.learn import run_demo
+    from .demos.loop import run_loop_demo
 
     import torch
 
     quiet = args.quiet
+    if args.config and args.only is None:
+        raise ConfigError("--config needs --only: it replaces one chapter's config")
     cores = torch.get_num_threads()                  # torch's default: the physical cores
-    torch.set_num_threads(demo_config().threads)     # the demo's chapters and its servers: 1 thread
     if args.only in (None, "learn"):
+        cfg = chapter_config("learn", args.config)
+        cfg = cfg.model_copy(update={"run_dir": args.run_dir, "model": seeded(cfg.model, args.seed)})
+        torch.set_num_threads(cfg.threads)           # the demo's chapters and its servers: 1 thread
         print("gymloop demo, chapter 1, learn: pre-train nano (or load it from the cache) -> GRPO on 2-digit addition "
               "-> held-out eval -> serve it to production traffic (openai client) -> report")
-        summary = run_demo(demo_config(run_dir=args.run_dir, model=f"nano:seed={args.seed}"), progress=not quiet,
-                           requests=args.requests)
+        summary = run_demo(cfg, progress=not quiet, requests=args.requests)
         print()
         print(before_after_table(summary))
         print(f"report: {Path(summary['run_dir']) / 'report.html'}")
         print()
     if args.only in (None, "loop"):
+        story = chapter_config("loop", args.config)
+        story = story.model_copy(update={"model": seeded(story.model, args.seed), "store": args.db or story.store})
+        torch.set_num_threads(story.loop.threads)
         print("gymloop demo, chapter 2, the loop: serve nano-tools -> production traffic (openai client) with "
               "verifier feedback -> loop rounds (train, gate, promote live) -> the tool API changes -> recovery")
-        story = StoryConfig(model=f"nano-tools:seed={args.seed}", store=args.db)
         if args.embedded_db:
             from .store.embedded import postgres
 
             with postgres(Path(args.run_dir).resolve() / "story-postgres") as url:
-                summary = run_story(story.model_copy(update={"store": url}), run_dir=args.run_dir, progress=not quiet)
+                summary = run_loop_demo(story.model_copy(update={"store": url}), run_dir=args.run_dir,
+                                        progress=not quiet)
         else:
-            summary = run_story(story, run_dir=args.run_dir, progress=not quiet)
+            summary = run_loop_demo(story, run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
     if args.only == "agent":
-        from .jobs.story import AGENT_STORY
-
+        # smollm2-calls takes no seed: --seed is the loop's
+        story = chapter_config("agent", args.config, {"loop": {"seed": args.seed}})
+        story = story.model_copy(update={"store": args.db or story.store})
         torch.set_num_threads(cores)      # a 135M model's matrices are large enough for every core
-
         print("gymloop demo, the agent: serve SmolLM2 taught to call tools (smollm2-calls: a supervised job, built "
               "once) -> production with the tools' schemas in every request -> the schemas are renamed -> drift "
               "-> GRPO rounds -> recovery")
-        summary = run_story(StoryConfig(**{**AGENT_STORY, "seed": args.seed, "store": args.db}),
-                            run_dir=args.run_dir, progress=not quiet)
+        summary = run_loop_demo(story, run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
         print(f"report: {summary['report']}")
@@ -457,7 +473,10 @@ def _learning_commands(sub) -> None:
     d.add_argument("--only", choices=["learn", "loop", "agent"], default=None,
                    help="one chapter: learn (GRPO on arithmetic), loop (the continuous loop and the drift) or "
                    "agent (the loop with SmolLM2 and tools in the request; not part of the default two)")
-    d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools)")
+    d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools); "
+                   "the agent chapter's loop seed")
+    d.add_argument("--config", default=None, help="with --only: run this YAML instead of the chapter's "
+                   "configs/demo-<chapter>.yaml")
     d.add_argument("--db", default=None, help="chapter 2's store: an empty PostgreSQL database's URL (default: a "
                    "SQLite file in its run directory)")
     d.add_argument("--embedded-db", action="store_true", help="chapter 2 on a PostgreSQL started for it "
@@ -486,7 +505,7 @@ def _learning_commands(sub) -> None:
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="held-out evaluation of a model")
-    e.add_argument("--model", required=True, help="'nano' or a model directory")
+    e.add_argument("--model", required=True, help=MODEL_HELP)
     e.add_argument("--env", default="arith")
     e.add_argument("--env-options", default="{}", help="JSON object of environment options")
     e.add_argument("--tasks", type=int, default=500)
@@ -504,7 +523,7 @@ def _serving_commands(sub) -> None:
     """serve, worker, run: the API, its job worker and the continuous loop."""
     def _add_serving_args(p: argparse.ArgumentParser) -> None:
         """What `serve` and `worker` share: a worker beside a server takes the same values."""
-        p.add_argument("--model", default="nano")
+        p.add_argument("--model", default="nano", help=MODEL_HELP)
         p.add_argument("--model-name", default=None, help="id clients send (default gymloop-<model>)")
         p.add_argument("--db", default="gymloop.db")
         p.add_argument("--jobs-dir", default=None, help="fine-tuning checkpoints and models (default: ft-jobs/ "

@@ -5,18 +5,13 @@ cached by the hash of its config, so the whole loop runs on a laptop. The base i
 only modestly accurate (RL from random weights gets no signal at all, while a base that already
 solves everything leaves nothing to learn).
 
-Two choices make the base comparable on every machine (bench/README.md, "the recipe that
-learns"), both measured:
+Two choices make the base comparable on every machine (docs/guide.md, "Why the base is stopped on a probe"):
 - **Stop on a probe band, not a step count.** Learning 2-digit addition is a sudden transition
-  (held-out pass@1 ~8% for hundreds of steps, then 20% -> 60% within ~100 steps) whose onset
-  moves by hundreds of steps with the seed and with float rounding of the CPU's kernels, so a
-  fixed budget gave bases from 12% to 81% for one recipe. Pre-training instead probes greedy
-  pass@1 on tasks it never trains on every `probe_every` steps and stops at the first probe
-  >= `target_pass1`.
-- **A constant learning rate after warm-up, no decay.** A base whose learning rate was annealed
-  to zero sits in a sharp optimum: along the policy gradient its sampled reward falls within a
-  step of 0.003 (normalised) in either direction, and GRPO's first 50 steps cost it 5-10 points.
-  The same recipe from a base that stopped at a constant rate climbs from the first step.
+  whose onset moves by hundreds of steps with the seed and the CPU's float rounding, so a fixed
+  budget gives bases of very different skill. Pre-training probes greedy pass@1 on tasks it never
+  trains on every `probe_every` steps and stops at the first probe >= `target_pass1`.
+- **A constant learning rate after warm-up, no decay.** A base annealed to zero sits in a sharp
+  optimum that GRPO's first steps fall out of; one stopped at a constant rate climbs from the start.
 """
 from __future__ import annotations
 
@@ -268,12 +263,11 @@ def pretrain(cfg: NanoConfig, progress: bool = True) -> tuple[torch.nn.Module, C
 
 def _nano_tools() -> NanoConfig:
     """nano that has also seen tool-use transcripts whose prompts do not list the tools: of tools@v1
-    (60%) and of tools@v3 (40%: renamed tools and arguments). It calls v1 by default (greedy
-    tools@v3 success 0% on seeds 0-2, tools@v1 91-97%) and still samples whole, correct v3
-    episodes 13-33% of the time at temperature 0.7, which is what GRPO recovers from after the
-    API changes (chapter 2). With 30% v3 transcripts seed 2 sampled correct v3 restocks only 2% of
-    the time and its loop recovered 28% of the drop; with 5% and schemas in the prompt the model
-    simply read the new schema (no drop). Stops once it solves 80% of the tools@v1 probe."""
+    (60%) and of tools@v3 (40%: renamed tools and arguments). It calls v1 greedily and still
+    samples whole, correct v3 episodes now and then at temperature 0.7, which is what GRPO
+    recovers from after the API changes (the demo's loop chapter; fewer v3 transcripts left too
+    few such samples to learn from, docs/measurements.md). Stops once it solves 80% of the
+    tools@v1 probe."""
     v1, v3 = {"version": 1, "schemas": False}, {"version": 3, "schemas": False}
     return NanoConfig(corpus=[CorpusSpec(name="arith", copies=10), CorpusSpec(name="tools", options=v1, copies=6),
                               CorpusSpec(name="tools", options=v3, copies=4)],

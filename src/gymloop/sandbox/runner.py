@@ -1,7 +1,7 @@
 """One sandboxed run: spawn, feed files, capture capped output, enforce the wall clock, reap.
 
 Waiting uses a pidfd in the same poll() as the output pipes: `Popen.wait(timeout)` polls with
-growing sleeps, which inflates short runs (FACTS.md). On timeout the outer bwrap is killed;
+growing sleeps, which inflates short runs. On timeout the outer bwrap is killed;
 `--die-with-parent` then kills the sandbox's init, and with it its whole PID namespace,
 including double-forked `setsid` children.
 """

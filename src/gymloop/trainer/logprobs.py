@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from ..models.routing import routers, routing
+from .layer import decoder_layer
 
 
 @dataclass
@@ -275,7 +276,7 @@ class CompletionLogprobs:
         full = torch.zeros(n, length, dtype=torch.float32, device=batch.input_ids.device)
         if self.native is not None:
             k = pack_rows(batch, head=p if p >= MIN_SHARED_PREFIX else 0, rows=rows).to(batch.input_ids.device)
-            logits = self.native.packed_logits(k.head, k.ids, k.pos, k.mask, k.sel)[k.at_row, k.at_u]     # [K, V]
+            logits = self.native.packed_logits(k.head, k.ids, k.pos, k.mask, k.sel, decoder_layer)[k.at_row, k.at_u]   # [K, V]
             full[k.row, k.col] = torch.log_softmax(logits.float() / t, -1).gather(-1, batch.input_ids[k.row, k.col][:, None]).squeeze(-1)
             return full * batch.loss_mask
         # position j predicts token j + 1: the positions before a trained token, [K] (all >= p)

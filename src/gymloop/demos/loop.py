@@ -1,4 +1,5 @@
-"""`gymloop demo` chapter 2 (`--only loop`): the continuous loop, whole, on one machine.
+"""The demo's loop chapters (`gymloop demo --only loop`, configs/demo-loop.yaml, and `--only agent`,
+configs/demo-agent.yaml): the continuous loop, whole, on one machine.
 
     pre-train nano-tools (cached) -> serve it (OpenAI-compatible API, store-following)
     -> each round: production traffic through the official `openai` client (tools episodes,
@@ -18,9 +19,9 @@ then, never greedily (bases/nano.py).
 Production asks train-split tasks (they become training tasks when they fail); the gate's
 suites are held-out tasks, so promotion is judged on problems never trained on.
 
-The agent chapter (`--only agent`, AGENT_STORY) is the same story with a real model and tools in
-the request: SmolLM2-135M-Instruct taught to call tools by a supervised job (`smollm2-calls`,
-jobs/smollm2_calls.py) serves the `calls` environment, whose schemas travel in every request;
+The agent chapter (`--only agent`) is the same story with a real model and tools in the request:
+SmolLM2-135M-Instruct taught to call tools by a supervised job (`smollm2-calls`,
+demos/smollm2_calls.py) serves the `calls` environment, whose schemas travel in every request;
 the drift (calls@v1 -> calls@v2) renames every tool and argument in those schemas. A model that
 reads them can adapt; what the supervised job made it memorise fights it.
 """
@@ -35,18 +36,19 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from ..config import EngineDtype, EnvSpec, EvalConfig, GRPOConfig, SamplingConfig, _Strict
+from ..config import EnvSpec, _Strict
 from ..accounting.ledger import load_profiles
 from ..seeds import round_seed
-from ..loop.config import CurriculumConfig, DriftConfig, GateConfig, LoopConfig
+from ..loop.config import LoopConfig
 from ..loop.rounds import run_loop, suite_envs, write_loop_files
 from ..tracking.run_dir import new_run_path, write_json
 
 
-class StoryConfig(_Strict):
-    """The whole-story demo."""
+class LoopDemoConfig(_Strict):
+    """A loop chapter of the demo (configs/demo-loop.yaml, configs/demo-agent.yaml): what production
+    asks and when its tool API changes; each round is a `gymloop run` round of `loop`."""
 
-    model: str = Field("nano-tools", description="Base model served and trained.")
+    model: str = Field("nano-tools", description="Base model served and trained (bases/registry.py MODELS).")
     env: Literal["tools", "calls"] = Field("tools", description="What production asks (STORY_ENVS): tools (a "
                                            "multi-turn inventory API) or calls (function calling, the schemas "
                                            "in the request).")
@@ -58,46 +60,27 @@ class StoryConfig(_Strict):
                            "and their arguments: an old call is an error; calls@v2 renames them in the schemas).")
     schemas: bool = Field(False, description="Show the tool schemas in the agent's prompt (see the module "
                           "docstring: without them an API change cannot be read off the prompt).")
-    requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds.")
+    requests_per_round: int = Field(64, ge=10, description="Production episodes between rounds (also the drift "
+                                    "detector's window).")
     concurrency: int = Field(16, ge=1, description="Concurrent production clients.")
-    steps_per_round: int = Field(12, ge=1, description="GRPO steps per round.")
-    prompts_per_step: int = Field(16, ge=1, description="Tasks per GRPO step.")
-    warmup_steps: int = Field(5, ge=0, description="GRPO warm-up steps of each round.")
-    group_size: int = Field(8, ge=2, description="Samples per task in a GRPO step.")
-    train_only: list[str] = Field(default_factory=list, description="GRPO trains only the parameters matching "
-                                  "these patterns (grpo.train_only; empty: all).")
-    micro_batch: int = Field(0, ge=0, description="Rows per forward/backward pass (grpo.micro_batch).")
-    dynamic_sampling: bool = Field(False, description="Draw more groups while fewer than prompts_per_step carry a "
-                                   "signal (grpo.dynamic_sampling, up to max_refills more draws a step).")
-    max_refills: int = Field(2, ge=1, description="With dynamic_sampling, the most extra draws a step "
-                             "(grpo.max_refills; each is another prompts_per_step x group_size generation).")
-    reward_weights: dict[str, float] = Field(default_factory=dict, description="GRPO trains on this weighted "
-                                             "sum of the verifier's components (grpo.reward_weights; empty: "
-                                             "its reward).")
-    production_share: float = Field(0.5, ge=0, le=1, description="Share of a GRPO step's tasks that are production "
-                                    "failures (curriculum.production_share; the rest fresh training tasks and "
-                                    "replayed successes).")
-    drift_production_share: float = Field(0.75, ge=0, le=1, description="The same share in a round after a drift "
-                                          "(drift.production_share).")
-    lr: float = Field(2e-4, gt=0, description="GRPO learning rate (tools@v3 came back in 2-3 rounds at this rate on "
-                      "seeds 0-2; at 5e-5 it took 4-5).")
-    temperature: float = Field(0.7, gt=0, description="Rollout sampling temperature.")
-    max_new_tokens: int = Field(40, ge=1, description="Tokens per model turn, in training, evaluation and "
-                                "production (a nano tool call is ~15 sub-word tokens).")
-    eval_tasks: int = Field(64, ge=8, description="Held-out tasks per suite at the gate.")
-    engine_dtype: EngineDtype = Field("model", description="The dtype the server, the rollouts "
-                                                       "and the gate generate in (engine.ENGINE_DTYPES).")
-    seed: int = Field(0, description="Seed.")
     store: str | None = Field(None, description="The store the server and the loop share: an empty PostgreSQL "
                               "database's URL, or a SQLite file (default: story.db in the run directory).")
+    loop: LoopConfig = Field(default_factory=LoopConfig, description="Each round's loop config: sampling, GRPO, "
+                             "gate, curriculum, drift, seed, engine_dtype. The chapter sets its model, store, "
+                             "run directory, environment (the API version in force), rounds and drift window.")
 
     @model_validator(mode="after")
-    def _known_versions(self) -> "StoryConfig":
+    def _known_versions(self) -> "LoopDemoConfig":
         known = STORY_ENVS[self.env].changes
         for v in (self.api_before, self.api_after):
             if v not in known:
                 raise ValueError(f"{self.env} has API versions {sorted(known)}, not {v}")
         return self
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens per model turn, in training, evaluation and production alike."""
+        return self.loop.sampling.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -105,7 +88,7 @@ class StoryEnv:
     """What a story's production runs: the environment's options for an API version, turns per
     episode, and what each version changed (for the narration)."""
 
-    options: Callable[[StoryConfig, int], dict]
+    options: Callable[[LoopDemoConfig, int], dict]
     max_turns: int
     changes: dict[int, str]
 
@@ -121,64 +104,15 @@ STORY_ENVS: dict[str, StoryEnv] = {
 }
 
 
-def _smollm2_calls(progress: bool) -> Path:
-    from .smollm2_calls import ensure_smollm2_calls
-
-    return ensure_smollm2_calls(progress=progress)
-
-
-# Models a story can name that are made by running a job (through the server) rather than by
-# bases/: the name -> its builder (a model directory, cached).
-STORY_MODELS: dict[str, Callable[..., Path]] = {"smollm2-calls": _smollm2_calls}
-
-# The agent chapter (`gymloop demo --only agent`): SmolLM2 taught to call tools, calls@v1 -> v2.
-# Meant for 30 minutes on 2 cores. A GRPO step draws 6 tasks x 8 samples of ~350-token prompts and
-# draws again, once, while groups without a signal leave it short (dynamic sampling, max_refills 1;
-# nearly every step does): 15-19 s a step on an AMD EPYC Zen 5, most of it generation (a group's
-# prompt is prefilled and trained once), and three rounds of 10 steps took 14 minutes there
-# (runs with up to two refills a step took 29-34 on a Zen 4 EPYC and 29-39 on an Intel Xeon, runs
-# 13-18; the refill and the CPU were not measured apart); so five rounds of
-# 10 steps; the top 4 of 30 layers train (backward
-# stops below them). Tasks x samples: production's failures are hard, so 8 samples a task (at 8 x 4,
-# 4-20 of a step's 32 samples had a signal); at 4 x 8 without refills half a step's groups still had none, and on seed 2 every
-# round's candidate scored below the served model (runs 11-12); at 6 x 8 with refills the first
-# round took it from 60.4 to 79.2% on held-out v2 (run 13; docs/runs).
-# Generation (server, rollouts, gate) computes in bfloat16: 48 production requests took 55-59 s
-# instead of 116-124 s in float32 (2026-12-03, this CPU has AMX), which pays for production passes
-# of 96 episodes: at 48, one served model's production read 54-67% from pass to pass (run 8).
-# The reward is the verifier's: partial credit for the right tool and argument names
-# (reward_weights {tool: .25, arguments: .25, correct: .5}) took held-out v2 from 52% to 31% in a
-# round of 8 steps (2026-12-03), where the plain reward had gained.
-# Three tasks in four are production failures after the drift (two before): one in four, the rest
-# fresh v2 requests (production_share 0.25), did worse in one run (docs/runs/agent-story-2026-12-03-5.txt).
-AGENT_STORY = dict(model="smollm2-calls", env="calls", api_before=1, api_after=2, rounds_before=0, rounds_after=5,
-                   requests_per_round=96, concurrency=16, engine_dtype="bfloat16", steps_per_round=10,
-                   prompts_per_step=6, group_size=8, dynamic_sampling=True, max_refills=1,
-                   lr=2e-4, warmup_steps=1, temperature=1.0, max_new_tokens=48, eval_tasks=48, micro_batch=8,
-                   train_only=[r"layers\.(2[6-9])\.", r"^model\.norm\."])
-
-
-def _loop_config(cfg: StoryConfig, out: Path, base: str, version: int, rounds: int, db: str) -> LoopConfig:
+def round_config(cfg: LoopDemoConfig, out: Path, base: str, version: int, rounds: int, db: str) -> LoopConfig:
+    """The loop config of the chapter's rounds so far: `cfg.loop` on the story's model, store and
+    run directory, its environment at API `version`, its drift window one round of traffic (the
+    round after the API change compares with the one before)."""
     story_env = STORY_ENVS[cfg.env]
-    return LoopConfig(
-        model=base, store=db, run_dir=str(out), name="story", rounds=rounds,
-        env=EnvSpec(name=cfg.env, options=story_env.options(cfg, version), max_turns=story_env.max_turns), suites=[],
-        sampling=SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-        grpo=GRPOConfig(steps=cfg.steps_per_round, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                        lr=cfg.lr, warmup_steps=cfg.warmup_steps, betas=(0.9, 0.999),
-                        train_only=cfg.train_only, micro_batch=cfg.micro_batch,
-                        reward_weights=cfg.reward_weights, dynamic_sampling=cfg.dynamic_sampling,
-                        max_refills=cfg.max_refills),
-        eval=EvalConfig(tasks=cfg.eval_tasks, every=0, max_new_tokens=cfg.max_new_tokens),
-        # eval_tasks held-out tasks move in steps of 1/eval_tasks (64: 1.6 points, 48: 2.1): promote on
-        # any gain; guard by 5 points.
-        gate=GateConfig(delta=0.01, epsilon=0.05),
-        curriculum=CurriculumConfig(production_share=cfg.production_share, replay_share=0.1),
-        # a window of one round of traffic: the round after the API change compares with the one before
-        drift=DriftConfig(window=cfg.requests_per_round, failure_rise=0.2, production_share=cfg.drift_production_share),
-        # Training carries on from the latest candidate: with a gate this noisy (64 tasks), a
-        # rejected round's steps are still progress; production only ever gets promoted models.
-        lineage="latest", seed=cfg.seed, engine_dtype=cfg.engine_dtype)
+    return cfg.loop.model_copy(update=dict(
+        model=base, store=db, run_dir=str(out), name="story", rounds=rounds, suites=[],
+        env=EnvSpec(name=cfg.env, options=story_env.options(cfg, version), max_turns=story_env.max_turns),
+        drift=cfg.loop.drift.model_copy(update={"window": cfg.requests_per_round})))
 
 
 def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
@@ -190,8 +124,8 @@ def _wait_for(batcher, version: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = True,
-              echo: Callable[[str], None] = print) -> dict:
+def run_loop_demo(cfg: LoopDemoConfig, run_dir: str | Path = "runs", progress: bool = True,
+                  echo: Callable[[str], None] = print) -> dict:
     from ..bases.registry import resolve_model
     from ..envs import make_env
     from ..serve import ServeConfig
@@ -200,8 +134,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
 
     t0 = time.perf_counter()
     out = new_run_path(run_dir, "story")
-    built = STORY_MODELS.get(cfg.model)
-    base = str(built(progress=progress) if built else resolve_model(cfg.model, progress=progress))
+    base = str(resolve_model(cfg.model, progress=progress))
     key = "sk-story-" + secrets.token_hex(8)
     echo(f"story directory: {out}")
     if cfg.store:
@@ -215,7 +148,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     r = 0                                            # loop rounds committed
     with serving(ServeConfig(model=base, model_name="gymloop-agent", db=db,
                              api_keys=[key], poll_s=0.5, default_max_tokens=cfg.max_new_tokens,
-                             engine_dtype=cfg.engine_dtype)) as (url, batcher, store):
+                             engine_dtype=cfg.loop.engine_dtype)) as (url, batcher, store):
         if store.versions.list():
             raise ValueError(f"the story needs an empty store; {store.url} already holds model versions")
         # The base is the first served version, so every production answer names a stored version.
@@ -226,7 +159,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
                      f"({story_env.changes[cfg.api_after]})")
             _wait_for(batcher, store.versions.promoted()["version"])
             env = make_env(cfg.env, **story_env.options(cfg, version))
-            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.seed, i + 1))
+            tasks = env.sample_tasks(cfg.requests_per_round, "train", seed=round_seed(cfg.loop.seed, i + 1))
             traffic = send_traffic(url, key, "gymloop-agent", env, tasks, concurrency=cfg.concurrency,
                                    max_tokens=cfg.max_new_tokens, max_turns=story_env.max_turns)
             row = {"round": r + 1 if trains else None, "api": env.name, "served_version": batcher.version,
@@ -236,7 +169,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
                  f"v{batcher.version}, success {traffic.success_rate:.1%} of {traffic.episodes} episodes")
             if trains:
                 r += 1
-                loop_cfg = _loop_config(cfg, out, base, version, r, db)
+                loop_cfg = round_config(cfg, out, base, version, r, db)
                 rounds = run_loop(loop_cfg, progress=progress, echo=echo)
                 last = rounds[-1]
                 row.update(status=last["status"], candidate_version=last["metrics"]["version"],
@@ -252,7 +185,7 @@ def run_story(cfg: StoryConfig, run_dir: str | Path = "runs", progress: bool = T
     return {**summary, "dir": str(out), "report": str(out / "story" / "report.html")}
 
 
-def story_summary(cfg: StoryConfig, rows: list[dict], loop: dict, wall: float) -> dict:
+def story_summary(cfg: LoopDemoConfig, rows: list[dict], loop: dict, wall: float) -> dict:
     """Production success before the drift, at its worst after it, and at the end; the share of
     the drop recovered. From the rows the run recorded."""
     n_pre = max(cfg.rounds_before, 1)                # passes on the first API (one when nothing trains on it)

@@ -1,12 +1,13 @@
-"""One Llama decoder layer for training, forward and backward written out (DecoderLayer).
+"""One Llama decoder layer for training, forward and backward written out (DecoderLayer): the
+trainer's backward pass on the native path.
 
-Fine-tuning's packed forward (engine/llama.LlamaBackend.packed_logits) runs every layer through
+Training's packed forward on the native path (engine/llama.LlamaBackend.packed_logits) runs every layer through
 this function instead of autograd's graph of the same ~40 operations: on a CPU a small model's
 step is largely overhead around small kernels (graph nodes, saved tensors, gradient sums, a
 decomposed RMSNorm backward). Written out, the backward runs the products of engine/gemm.py
 (linear for the inputs' gradients, weight_grad for the weights'), torch's attention kernels
-(ATTENTION) and the RMSNorm gradient in a few kernels; a nano SFT step ~4% faster, measured
-alternating in one process. tests/test_layer.py checks every gradient against finite
+(ATTENTION) and the RMSNorm gradient in a few kernels, a few per cent off a nano SFT step.
+tests/unit/test_layer.py checks every gradient against finite
 differences (float64) and against autograd on the same layer.
 
 A layer, with C = H * D channels, I MLP channels, KV key/value heads:
@@ -23,30 +24,17 @@ A layer, with C = H * D channels, I MLP channels, KV key/value heads:
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .gemm import bias_grad, linear, weight_grad
+from ..engine.gemm import bias_grad, linear, weight_grad
+from ..engine.ops import Shape, additive_mask, merge_heads, rope, split_heads
+
+__all__ = ["DecoderLayer", "Shape", "additive_mask", "decoder_layer", "merge_heads", "rope", "split_heads"]
 
 aten = torch.ops.aten
-
-
-class Shape(NamedTuple):
-    """What a layer's weights do not say: query heads, key/value heads, head size, RMSNorm eps."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    eps: float
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, half-split layout (HF Llama's x * cos + rotate_half(x) * sin): x [B, h,
-    T, D]; cos [B, 1, T, D]; sin [B, 1, T, D] with its first half negated, so that rotate_half(x)
-    * sin is x rolled by D/2 times it (four kernels instead of five, and the same bits)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def rope_grad(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -64,18 +52,6 @@ def rms_norm_grad(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight:
     dx = (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True)) * rstd
     dw = (dy * xhat).reshape(-1, x.shape[-1]).sum(0) if need_weight else None
     return dx, dw
-
-
-def split_heads(y: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, T, n * D] -> [B, n, T, D] (a view)."""
-    B, T, _ = y.shape
-    return y.view(B, T, n, -1).transpose(1, 2)
-
-
-def merge_heads(y: torch.Tensor) -> torch.Tensor:
-    """[B, n, T, D] -> [B, T, n * D] (contiguous)."""
-    B, n, T, D = y.shape
-    return y.transpose(1, 2).reshape(B, T, n * D)
 
 
 def _bias_grad(g: torch.Tensor, b: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
@@ -204,8 +180,3 @@ def decoder_layer(x, cos, sin, mask, sel, kv, shape: Shape, w: tuple) -> torch.T
     tuple (see DecoderLayer)."""
     kh, vh = kv if kv is not None else (None, None)
     return DecoderLayer.apply(x, cos, sin, mask, sel, kh, vh, shape, *w)
-
-
-def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool mask (True: the query sees the key) as attention's additive mask: 0 / -inf."""
-    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))

@@ -3,11 +3,10 @@ supervised fine-tuning job through gymloop's OpenAI-compatible API (the `openai`
 server on loopback) on demonstrations of the `calls` environment's training tools, in OpenAI's
 function-calling format, every hyper-parameter `auto` but LoRA's rank; the adapter merged.
 
-It is the agent chapter's production agent (story.py AGENT_STORY). It lives with the jobs, not
-with the bases (bases/), because it is made by running the server: bases sit below serve. Built
-once and cached
-under `models/smollm2-calls-<recipe hash>` (about 20 minutes on 2 CPU cores: 200 rows of ~380
-tokens, 3 epochs); bench/smollm2_tools_bench.py measures the same job on held-out tools.
+It is the agent chapter's production agent (configs/demo-agent.yaml), and a model name like any
+other (bases/registry.py). It lives with the demos, not with bases, because it is made by running
+the server, which sits above bases. Built once and cached under `models/smollm2-calls-<recipe hash>` (about 20 minutes on 2 CPU cores: 200 rows of ~380
+tokens, 3 epochs); bench/learning/smollm2_tools.py measures the same job on held-out tools.
 """
 from __future__ import annotations
 
