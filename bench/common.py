@@ -1,8 +1,8 @@
 """Helpers shared by the benchmark scripts: steady CPU settings, medians, tables, results files.
 
 Every table a script prints through `table()` is also recorded, and `save()` writes it with the
-raw data, the commit and the machine to `bench/results/<bench>/<date>-<cpu>.json` (committed);
-`bench/render.py` renders bench/README.md's tables from those files, so no figure there is typed in.
+raw data, the commit and the machine to `bench/results/<group>/<bench>/<date>-<cpu>.json`
+(committed); `python -m bench.render` renders bench/README.md's tables from those files, so no figure there is typed in.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def meta() -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     return {"date": now.date().isoformat(), "time": now.isoformat(timespec="seconds"), **STARTED_FROM, "cpu": cpu(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "script": Path(sys.argv[0]).name, "argv": sys.argv[1:],
+            "argv": sys.argv[1:],
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 

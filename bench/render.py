@@ -1,17 +1,17 @@
 """Render the results tables of bench/README.md and README.md from the committed results files.
 
-    python bench/render.py           # rewrite the generated blocks in place
-    python bench/render.py --check   # exit 1 (and say which) when a block differs from its files
+    python -m bench.render           # rewrite the generated blocks in place
+    python -m bench.render --check   # exit 1 (and say which) when a block differs from its files
 
 A generated block is the text between
 
-    <!-- results: NAME -->          (or `NAME latest`: the newest file only)
+    <!-- results: GROUP/NAME -->    (or `GROUP/NAME latest`: the newest file only)
     <!-- /results -->
 
 and holds, for every file of bench/results/NAME/ (newest first), the run's date, CPU, commit and
 command line and each table the bench printed (common.table records them; save() writes them).
 Nothing between the markers is typed by hand: edit the prose around them, re-run the bench to
-change a figure. tests/test_bench_results.py runs --check.
+change a figure. tests/unit/test_bench_results.py runs --check.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 DOCS = [HERE / "README.md", ROOT / "README.md", ROOT / "docs" / "guide.md"]
-BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+)(?P<latest> latest)? -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- results: (?P<name>[\w./-]+)(?P<latest> latest)? -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
 def results_files(name: str, results: Path = RESULTS) -> list[Path]:
@@ -43,12 +43,17 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows[1:]])
 
 
+def module_of(name: str) -> str:
+    """The bench that writes results `name` (GROUP/NAME, a variant after a dash: GROUP/NAME-VARIANT)."""
+    return "bench." + name.split("-", 1)[0].replace("/", ".")
+
+
 def describe(meta: dict, name: str) -> str:
     """One line naming where and from what a results file came."""
     c = meta["cpu"]
     cpu = c["model_name"] + (f" (family {c['family']} model {c['model']})" if c.get("family") else "")
     sha = (meta.get("commit") or "unknown")[:7] + (" + uncommitted changes" if meta.get("dirty") else "")
-    cmd = " ".join([f"python bench/{meta.get('script', name + '.py')}", *meta.get("argv", [])])
+    cmd = " ".join([f"python -m {module_of(name)}", *meta.get("argv", [])])
     return (f"*{meta['date']}, {cpu}, {c['cores']} cores, torch {meta['torch']}, commit {sha}: "
             f"`{cmd.strip()}`*")
 
@@ -90,7 +95,7 @@ def main() -> int:
             if not args.check:
                 doc.write_text(new)
     if args.check and stale:
-        print("out of date with bench/results/ (run python bench/render.py): " + ", ".join(map(str, stale)))
+        print("out of date with bench/results/ (run python -m bench.render): " + ", ".join(map(str, stale)))
         return 1
     return 0
 
