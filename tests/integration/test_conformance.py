@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import httpx
 import pytest
 
-from conftest import agent_rows, running_server
+from conftest import agent_rows, eventually, running_server
 from gymloop.serve import build, shutdown
 from gymloop.serve.config import ServeConfig
 from openai_spec import ERROR, event_problems, problems, problems_with
@@ -91,10 +90,9 @@ def test_files_and_fine_tuning_conform(api):
     job = _ok(api.post("/fine_tuning/jobs", json={"model": "tiny", "training_file": f["id"], "seed": 1,
                                                    "hyperparameters": {"n_epochs": 1, "batch_size": 4}}),
               "/fine_tuning/jobs", "post")
-    end = time.monotonic() + 120
-    while job["status"] not in ("succeeded", "failed") and time.monotonic() < end:
-        time.sleep(0.3)
-        job = _ok(api.get(f"/fine_tuning/jobs/{job['id']}"), "/fine_tuning/jobs/{fine_tuning_job_id}", "get")
+    job = eventually(lambda: (lambda j: j if j["status"] in ("succeeded", "failed") else None)(
+        _ok(api.get(f"/fine_tuning/jobs/{job['id']}"), "/fine_tuning/jobs/{fine_tuning_job_id}", "get")),
+        120, "the job finishes", every_s=0.3)
     assert job["status"] == "succeeded", job
     _ok(api.get("/fine_tuning/jobs"), "/fine_tuning/jobs", "get")
     _ok(api.get(f"/fine_tuning/jobs/{job['id']}/events"), "/fine_tuning/jobs/{fine_tuning_job_id}/events", "get")

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from gymloop.loop.gate import gate
 from gymloop.loop.rounds import run_loop
 from gymloop.store import Store
 
-from conftest import DigitEnv, digit_loop_cfg, use_env
+from conftest import DigitEnv, digit_loop_cfg, eventually, use_env
 
 
 def test_gate_by_hand():
@@ -74,14 +73,13 @@ def test_kill_9_mid_round_then_restart_commits_each_round_once(tmp_path, tiny_mo
     cmd = [sys.executable, "-m", "gymloop.cli", "run", str(path), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = Store(cfg["store"])
-    deadline = time.time() + 120
     # kill once round 2 is training: its metrics file has a train record (an event, not a delay)
     def round_2_training() -> bool:
         return any('"kind": "train"' in m.read_text()
                    for m in (tmp_path / "runs" / "crash").glob("round-0002-*/metrics.jsonl"))
 
-    while not round_2_training() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    eventually(round_2_training, 120, "round 2 trains",
+               unless=lambda: proc.poll() is not None and f"the loop exited: {proc.stderr.read().decode()[-2000:]}")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     killed_at = store.versions.last_round("crash")

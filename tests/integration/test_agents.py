@@ -95,7 +95,7 @@ def _example():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     import agents_sdk
 
     return agents_sdk
@@ -138,7 +138,7 @@ def test_production_episodes_read_the_calls_the_server_parsed():
     from openai.types.chat import ChatCompletion
 
     from gymloop.envs import make_env
-    from gymloop.jobs.traffic import api_episode
+    from gymloop.demos.traffic import api_episode
 
     env = make_env("calls@v2", heldout="requests")
     task = env.sample_tasks(1, "train", 0)[0]

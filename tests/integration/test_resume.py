@@ -8,14 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import eventually
 from safetensors.torch import load_file
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]          # tests/, where resume_child.py is
 ENV = {**os.environ, "PYTHONPATH": str(HERE), "OMP_NUM_THREADS": "1"}
 
 
@@ -37,11 +38,9 @@ def _assert_same(a: Path, b: Path) -> None:
 
 def _kill_when(proc: subprocess.Popen, ready, timeout_s: float = 300) -> None:
     """SIGKILL `proc` as soon as `ready()` holds (a checkpoint it wrote); fail if it ended first."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        assert proc.poll() is None, f"the run ended before it was killed:\n{proc.stderr.read().decode()[-2000:]}"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
+    eventually(ready, timeout_s, "a checkpoint appears", every_s=0.02,
+               unless=lambda: proc.poll() is not None
+               and f"the run ended before it was killed:\n{proc.stderr.read().decode()[-2000:]}")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

@@ -1,4 +1,4 @@
-"""The whole-story demo's mechanics at toy size: a real server following the store, production
+"""The loop chapters' mechanics at toy size: a real server following the store, production
 episodes through the openai client with verifier feedback, loop rounds that promote into the
 running server, and the tool API changing mid-run. (That the change is detected as drift is
 tested in test_loop.py: a toy model has no production successes to lose.)"""
@@ -11,15 +11,24 @@ import yaml
 
 from gymloop.cli import story_table
 from gymloop.store import Store
-from gymloop.jobs.story import StoryConfig, run_story
+from gymloop.demos import chapter_config
+from gymloop.demos.loop import LoopDemoConfig, run_loop_demo
+
+
+def toy(cfg: LoopDemoConfig, **story) -> LoopDemoConfig:
+    """`cfg` at toy size: few requests, rounds of 1-2 tiny GRPO steps, a small gate."""
+    loop = cfg.loop.model_dump()
+    loop["grpo"].update(steps=story.pop("steps", 2), prompts_per_step=2, micro_batch=0, train_only=[])
+    loop["eval"].update(tasks=8)
+    loop["sampling"].update(story.pop("sampling", {}))
+    return LoopDemoConfig.model_validate({**cfg.model_dump(), "requests_per_round": 10, "concurrency": 4,
+                                          **story, "loop": loop})
 
 
 def test_story_serves_trains_and_switches_the_api(tmp_path, tiny_model_dir, store_target):
     """On SQLite and on PostgreSQL: the server, the loop and the audit below share the store."""
-    cfg = StoryConfig(model=str(tiny_model_dir), rounds_before=1, rounds_after=1, requests_per_round=10,
-                      concurrency=4, steps_per_round=2, prompts_per_step=2, eval_tasks=8, lr=1e-3,
-                      store=store_target)
-    summary = run_story(cfg, run_dir=tmp_path, progress=False, echo=lambda m: None)
+    cfg = toy(chapter_config("loop"), model=str(tiny_model_dir), rounds_after=1, store=store_target)
+    summary = run_loop_demo(cfg, run_dir=tmp_path, progress=False, echo=lambda m: None)
     out = Path(summary["dir"])
     assert json.loads((out / "story.json").read_text())["rows"] == summary["rows"]
     rows = summary["rows"]
@@ -41,7 +50,7 @@ def test_story_serves_trains_and_switches_the_api(tmp_path, tiny_model_dir, stor
 
 
 def test_production_is_pooled_by_served_version():
-    from gymloop.jobs.story import by_version
+    from gymloop.demos.loop import by_version
 
     rows = [{"api": "calls", "served_version": 1, "production_success": 0.9, "episodes": 10},
             {"api": "calls@v2", "served_version": 1, "production_success": 0.5, "episodes": 10},
@@ -58,18 +67,16 @@ def test_the_story_refuses_a_store_that_is_not_empty(tmp_path, tiny_model_dir):
     db = tmp_path / "used.db"
     Store(db).versions.add(str(tiny_model_dir), parent=None, status="promoted")
     with pytest.raises(ValueError, match="empty store"):
-        run_story(StoryConfig(model=str(tiny_model_dir), store=str(db)), run_dir=tmp_path, progress=False,
-                  echo=lambda m: None)
+        run_loop_demo(LoopDemoConfig(model=str(tiny_model_dir), store=str(db)), run_dir=tmp_path, progress=False,
+                      echo=lambda m: None)
 
 
 def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_change(tmp_path, tiny_model_dir):
-    """The agent chapter's shape (AGENT_STORY) at toy size: `calls` with the schemas in every
-    request, nothing trained on the first API (rounds_before 0), rounds on calls@v2."""
-    from gymloop.jobs.story import AGENT_STORY
-
-    toy = dict(model=str(tiny_model_dir), rounds_after=1, requests_per_round=10, concurrency=4, steps_per_round=1,
-               prompts_per_step=2, eval_tasks=8, max_new_tokens=12, micro_batch=0, train_only=[], dynamic_sampling=True)
-    summary = run_story(StoryConfig(**{**AGENT_STORY, **toy}), run_dir=tmp_path, progress=False, echo=lambda m: None)
+    """The agent chapter's shape (configs/demo-agent.yaml) at toy size: `calls` with the schemas in
+    every request, nothing trained on the first API (rounds_before 0), rounds on calls@v2."""
+    cfg = toy(chapter_config("agent"), model=str(tiny_model_dir), rounds_after=1, steps=1,
+              sampling={"max_new_tokens": 12})
+    summary = run_loop_demo(cfg, run_dir=tmp_path, progress=False, echo=lambda m: None)
     rows = summary["rows"]
     assert [r["api"] for r in rows] == ["calls", "calls@v2", "calls@v2"]
     assert "status" not in rows[0] and rows[1]["round"] == 1 and "status" not in rows[2]
@@ -93,17 +100,17 @@ def test_the_agent_story_measures_the_first_api_then_trains_after_the_schemas_ch
 def test_a_story_refuses_an_api_version_its_environment_lacks():
     import pytest
 
-    from gymloop.jobs.story import AGENT_STORY
+    from gymloop.config import ConfigError
 
-    with pytest.raises(ValueError, match=r"calls has API versions \[1, 2\], not 3"):
-        StoryConfig(**{**AGENT_STORY, "api_after": 3})
+    with pytest.raises(ConfigError, match=r"calls has API versions \[1, 2\], not 3"):
+        chapter_config("agent", overrides={"api_after": 3})
 
 
 def test_a_base_built_by_a_supervised_job_through_the_api(tmp_path, tiny_model_dir):
-    """jobs/smollm2_calls.fine_tune, the agent chapter's base builder, at toy size: demonstrations
+    """demos/smollm2_calls.fine_tune, the agent chapter's base builder, at toy size: demonstrations
     in OpenAI's function-calling format, a LoRA job through the server, the merged model copied
     under its cached name with the finished job beside it."""
-    from gymloop.jobs.smollm2_calls import demonstrations, fine_tune, recipe_key, RECIPE
+    from gymloop.demos.smollm2_calls import demonstrations, fine_tune, recipe_key, RECIPE
     from gymloop.models.checkpoint import load_model
 
     rows = demonstrations({**RECIPE, "rows": 3})

@@ -9,64 +9,65 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-import render  # noqa: E402
+from bench import render  # noqa: E402
 
 
 def test_generated_blocks_match_the_results_files():
     for doc in render.DOCS:
         text = doc.read_text()
-        assert render.render_text(text, doc_dir=doc.parent) == text, f"{doc} is out of date: run python bench/render.py"
+        assert render.render_text(text, doc_dir=doc.parent) == text, f"{doc} is out of date: run python -m bench.render"
 
 
 def test_every_results_folder_is_shown_and_every_block_has_results():
     shown = {name for doc in render.DOCS for name in render.blocks(doc.read_text())}
-    folders = {p.name for p in render.RESULTS.iterdir() if p.is_dir() and any(p.glob("*.json"))}
+    # results/<group>/<name>/: one folder per bench (and variant), named as its blocks name it
+    folders = {str(p.parent.relative_to(render.RESULTS)) for p in render.RESULTS.glob("*/*/*.json")}
     assert folders, "no results committed under bench/results/"
     assert folders <= shown, f"results never shown in a README: {sorted(folders - shown)}"
     assert shown <= folders, f"blocks with no results files: {sorted(shown - folders)}"
 
 
 def test_every_results_file_names_its_machine_and_commit():
-    for path in render.RESULTS.glob("*/*.json"):
+    for path in render.RESULTS.glob("*/*/*.json"):
         data = json.loads(path.read_text())
         meta = data["meta"]
-        assert data["bench"] == path.parent.name
+        assert data["bench"] == str(path.parent.relative_to(render.RESULTS))
         assert meta["cpu"]["model_name"] and meta["cpu"]["cores"] >= 1 and meta["torch"], path
         assert meta["commit"] and len(meta["commit"]) == 40, path
         assert data["tables"] and all(len(set(map(len, t["rows"]))) == 1 for t in data["tables"]), path
 
 
 def _fake_results(tmp_path: Path, value: str, time: str = "2026-01-02T03:04:05+00:00", stem: str = "2026-01-02-some-cpu") -> Path:
-    folder = tmp_path / "demo_bench"
+    folder = tmp_path / "demos" / "demo_bench"
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"date": time[:10], "time": time, "commit": "a" * 40, "dirty": True,
             "cpu": {"model_name": "Some CPU", "family": "25", "model": "1", "cores": 2}, "torch": "2.13.0",
             "argv": ["--fast"]}
     tables = [{"title": "speed", "rows": [["case", "tok/s"], ["a|b", value]]}]
-    (folder / f"{stem}.json").write_text(json.dumps({"bench": "demo_bench", "meta": meta, "tables": tables}))
+    (folder / f"{stem}.json").write_text(json.dumps({"bench": "demos/demo_bench", "meta": meta, "tables": tables}))
     return tmp_path
 
 
 def test_a_block_is_rendered_from_its_file_and_follows_it(tmp_path):
-    doc = "prose\n<!-- results: demo_bench -->\nstale text\n<!-- /results -->\nmore prose\n"
+    doc = "prose\n<!-- results: demos/demo_bench -->\nstale text\n<!-- /results -->\nmore prose\n"
     out = render.render_text(doc, _fake_results(tmp_path, "123"))
-    assert out.startswith("prose\n<!-- results: demo_bench -->\n") and out.endswith("<!-- /results -->\nmore prose\n")
+    assert out.startswith("prose\n<!-- results: demos/demo_bench -->\n") and out.endswith("<!-- /results -->\nmore prose\n")
     assert "stale text" not in out
     assert "| a\\|b | 123 |" in out and "**speed**" in out
     assert "Some CPU (family 25 model 1), 2 cores" in out and "commit aaaaaaa + uncommitted changes" in out
-    assert "`python bench/demo_bench.py --fast`" in out
+    assert "`python -m bench.demos.demo_bench --fast`" in out
     assert "| a\\|b | 456 |" in render.render_text(doc, _fake_results(tmp_path, "456"))
 
 
 def test_every_run_is_shown_newest_first_or_the_newest_alone(tmp_path):
     _fake_results(tmp_path, "111", "2026-01-02T03:04:05+00:00", "2026-01-02-some-cpu")
     _fake_results(tmp_path, "222", "2026-01-03T03:04:05+00:00", "2026-01-03-some-cpu")
-    every = render.render_text("<!-- results: demo_bench -->\n<!-- /results -->\n", tmp_path)
+    every = render.render_text("<!-- results: demos/demo_bench -->\n<!-- /results -->\n", tmp_path)
     assert every.index("| 222 |") < every.index("| 111 |")
-    newest = render.render_text("<!-- results: demo_bench latest -->\n<!-- /results -->\n", tmp_path)
+    newest = render.render_text("<!-- results: demos/demo_bench latest -->\n<!-- /results -->\n", tmp_path)
     assert "| 222 |" in newest and "| 111 |" not in newest
 
 
@@ -76,8 +77,8 @@ def test_a_block_without_results_is_an_error(tmp_path):
 
 
 def test_grpo_vs_trl_tables_follow_from_its_raw_runs():
-    grpo_vs_trl = pytest.importorskip("grpo_vs_trl")
-    files = sorted((render.RESULTS / "grpo_vs_trl").glob("*.json"))
+    from bench.learning import grpo_vs_trl
+    files = sorted((render.RESULTS / "learning" / "grpo_vs_trl").glob("*.json"))
     assert files, "no grpo_vs_trl results committed"
     for path in files:
         data = json.loads(path.read_text())
@@ -106,11 +107,12 @@ def test_every_file_the_docs_link_to_is_committed():
     import re
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     if not (root / ".git").exists():
         pytest.skip("not a git checkout")
-    tracked = set(subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
-                                 check=True).stdout.splitlines())
+    # committed, or about to be (a new file not ignored)
+    tracked = set(subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                                 capture_output=True, text=True, check=True).stdout.splitlines())
     missing: set[str] = set()
     for doc in ["README.md", "bench/README.md", *(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))]:
         text = (root / doc).read_text()

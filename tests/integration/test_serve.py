@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-import time
 
 import httpx
 import pytest
 
 from gymloop.serve import ServeConfig, build, shutdown
 
-from conftest import free_port, running_server
+from conftest import eventually, free_port, running_server
 
 KEY = "sk-test-123"
 
@@ -300,14 +299,15 @@ def _start_server_process(tmp_path, model_dir, port, db):
                              "--model-name", "tiny", "--db", str(db), "--port", str(port), "--api-key", KEY],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+
+    def answers():
         try:
-            httpx.get(base + "/healthz", timeout=0.5)
-            return proc, base
+            return httpx.get(base + "/healthz", timeout=0.5).json()
         except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start: " + proc.stdout.read().decode()[-2000:])
+            return None
+    eventually(answers, 60, "the server answers /healthz", every_s=0.1,
+               unless=lambda: proc.poll() is not None and "the server exited: " + proc.stdout.read().decode()[-2000:])
+    return proc, base
 
 
 def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
@@ -334,7 +334,7 @@ def test_kill_9_during_load_loses_no_answered_trace(tmp_path, tiny_model_dir):
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    eventually(lambda: len(answered) > 10, 60, "answers under load before the kill")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(5)
     stop.set()
@@ -374,11 +374,7 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         return r.system_fingerprint
 
     def wait_for(fp):
-        for _ in range(100):
-            if served_version() == fp:
-                return True
-            time.sleep(0.05)
-        return False
+        return eventually(lambda: served_version() == fp, 30, f"the server answers as {fp}")
 
     def weights_equal(path):
         from safetensors.torch import load_file
@@ -396,7 +392,9 @@ def test_promotion_rejection_and_rollback_reach_the_running_server(tmp_path, tok
         assert wait_for("gymloop-v1") and weights_equal(dirs[12])
         bad = store.versions.add(str(dirs[13]), parent=1, status="candidate")          # v2, worse on purpose
         store.versions.set_status(bad, "rejected", scores={"arith": 0.0})
-        time.sleep(0.5)
+        # two more looks at the store: the second began after the change, whatever the first read
+        follower = app.state.services.follower
+        assert follower.wait_checks(follower.checks + 2, 30)
         assert served_version() == "gymloop-v1" and weights_equal(dirs[12])
         assert main(["models", "add", str(dirs[13]), "--db", str(db), "--promote"]) == 0     # v3
         assert wait_for("gymloop-v3")
@@ -418,10 +416,8 @@ def test_serving_is_costed_in_the_ledger(server, client):
                                                   max_tokens=4).usage.completion_tokens for i in range(5))
     assert answered > 0
     # the ledger is written once per poll tick: wait for the tick that carries these answers
-    deadline = time.monotonic() + 60
-    while sum(r["served_tokens"] for r in store.ledger.rows("serving")) < served_before + answered:
-        assert time.monotonic() < deadline, "the serving ledger never recorded the answers"
-        time.sleep(server["cfg"].poll_s / 4)
+    eventually(lambda: sum(r["served_tokens"] for r in store.ledger.rows("serving")) >= served_before + answered,
+               60, "the serving ledger records the answers", every_s=server["cfg"].poll_s / 4)
     stats = store.ledger.stats()
     rows = store.ledger.rows("serving")
     served = sum(r["served_tokens"] for r in rows)

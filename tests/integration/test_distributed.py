@@ -97,16 +97,19 @@ def _worker(rank, port, state, vocab, out, fsdp, cases):
 def _result(out, procs, timeout_s: float = 120.0):
     """Rank 0's result; fails at once (not after the timeout) when a rank has crashed."""
     import queue
-    import time
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    from conftest import eventually
+
+    def got():
         try:
-            return out.get(timeout=1)
+            return (out.get(timeout=1),)          # a wait on the queue itself, a second at a time
         except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"a rank exited with {dead}"
-    raise AssertionError("no result within the timeout")
+            return None
+
+    def crashed():
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        return dead and f"a rank exited with {dead}"
+    return eventually(got, timeout_s, "rank 0's result", every_s=0, unless=crashed)[0]
 
 
 def test_every_loss_is_a_case():

@@ -211,7 +211,7 @@ def test_loop_report_draws_every_chart(drift_loop):
 
 def test_demo_serves_production_traffic_and_prints_what_summary_json_says(tmp_path, tiny_model_dir):
     from gymloop.cli import before_after_table
-    from gymloop.jobs.demo import run_demo
+    from gymloop.demos.learn import run_demo
     from gymloop.store import Store
 
     cfg = TrainConfig.model_validate({

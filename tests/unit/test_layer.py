@@ -1,4 +1,4 @@
-"""engine/layer.DecoderLayer, fine-tuning's decoder layer with its backward written out: every
+"""trainer/layer.DecoderLayer, fine-tuning's decoder layer with its backward written out: every
 gradient against finite differences (float64) and the layer against HF Llama's formulas run by
 autograd (float32), in each of its variants (causal, a packed mask, queries at some positions
 only, a shared prefix's keys, grouped-query heads, biases, frozen weights)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gymloop.engine import layer as L
+from gymloop.trainer import layer as L
 
 R, T, H, D, I, EPS = 2, 5, 2, 4, 12, 1e-6
 

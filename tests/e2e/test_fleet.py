@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import eventually, free_port
 from gymloop.cli import main
 from gymloop.fleet.audit import audit, replaced, rollout_seconds
 from gymloop.store import Store
@@ -112,7 +112,6 @@ def _perturbed_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.slow
 def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, tiny_model_dir, capsys):
     """Also: a fine-tuning job sent to the fleet is run by its job worker (a Ray actor), and its
     model is then served by the fleet's replicas."""
@@ -152,23 +151,26 @@ def test_fleet_promotes_under_traffic_and_survives_a_killed_replica(tmp_path, ti
         users = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(4)]
         for u in users:
             u.start()
-        time.sleep(3)
+        eventually(lambda: len(answered) >= 8, 120, "the fleet answers the users")
         # in this process (a CLI process starts slowly while the fleet takes traffic on 2 cores)
         capsys.readouterr()
         assert main(["models", "add", str(_perturbed_copy(tiny_model_dir, tmp_path / "v1")), "--promote",
                      "--db", st["db"]]) == 0
         promoted = json.loads(capsys.readouterr().out)["version"]
-        rollout = _wait(lambda: rollout_seconds(store, "gymloop", promoted), 60)
+        rollout, = eventually(lambda: (lambda s: s is not None and (s,))(rollout_seconds(store, "gymloop", promoted)),
+                              60, "the promotion rolls out", every_s=0.5)
         killed = st["replicas"][0]["pid"]
         kill_time = time.time()
         os.kill(killed, signal.SIGKILL)
         # Ray Serve replaces it; the new replica starts on the promoted version
-        _wait(lambda: replaced(store, "gymloop", killed, 2, promoted), 120)
-        time.sleep(2)
+        replaced_at = eventually(lambda: replaced(store, "gymloop", killed, 2, promoted) and time.time(), 120,
+                                 "Ray Serve replaces the killed replica", every_s=0.5)
+        # traffic goes on after the replacement: answers come back after it
+        eventually(lambda: sum(t > replaced_at for _, _, t in answered) >= 4, 60, "answers after the replacement")
         stop.set()
         for u in users:
             u.join(60)
-        done = _wait(lambda: _finished(client, job.id), 180)
+        done = eventually(lambda: _finished(client, job.id), 180, "the fleet's worker finishes the job", every_s=0.5)
         assert done.status == "succeeded", done.error
         tuned = client.chat.completions.create(model=done.fine_tuned_model, messages=[{"role": "user", "content": "3+1="}],
                                                max_tokens=4)
@@ -199,11 +201,3 @@ def _finished(client, job_id: str):
     return job if job.status in ("succeeded", "failed", "cancelled") else None
 
 
-def _wait(check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s} s")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import NotFoundError, OpenAI
 
 from gymloop.serve import ServeConfig, build, shutdown
 
-from conftest import running_server
+from conftest import eventually, running_server
 
 KEY, OTHER, ADMIN = "sk-tenant-a", "sk-tenant-b", "sk-admin"
 
@@ -59,14 +59,17 @@ def upload(client, rows_or_bytes, name="train.jsonl"):
 
 
 def wait(client, job_id, statuses=("succeeded", "failed", "cancelled"), timeout=120):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    """The job once its status is one of `statuses`."""
+    def reached():
         job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in statuses:
-            return job
-        time.sleep(0.2)
-    others = [(j.id, j.status) for j in client.fine_tuning.jobs.list(limit=100)]
-    raise AssertionError(f"job {job_id} still {job.status} (jobs: {others})")
+        return job if job.status in statuses else None
+    return eventually(reached, timeout, f"job {job_id} reaches {statuses}", every_s=0.2)
+
+
+def event_seen(client, job_id, prefix: str, timeout: float = 120) -> str:
+    """The first event message of the job that starts with `prefix`, once there is one."""
+    return eventually(lambda: next((m for m in events_of(client, job_id) if m.startswith(prefix)), None), timeout,
+                      f"an event {prefix!r} of {job_id}", every_s=0.1)
 
 
 def test_files_are_validated_on_upload_and_kept(client):
@@ -160,7 +163,7 @@ def events_of(client, job_id):
     return [e.message for e in client.fine_tuning.jobs.list_events(job_id, limit=100)]
 
 
-def test_cancel_pause_and_resume(client):
+def test_cancel_pause_and_resume(server, client):
     f = upload(client, sft_rows(64))
     # long enough (64k steps) never to finish during the test: it is cancelled
     hp = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1000, "batch_size": 1}}}
@@ -170,16 +173,14 @@ def test_cancel_pause_and_resume(client):
     assert paused.status == "paused"
     with pytest.raises(Exception, match="cannot pause"):
         client.fine_tuning.jobs.pause(job.id)
-    end = time.monotonic() + 30                          # the worker stops at its next step
-    while not any(m.startswith("Paused at step") for m in events_of(client, job.id)):
-        assert time.monotonic() < end
-        time.sleep(0.1)
+    event_seen(client, job.id, "Paused at step")        # the worker stops at its next step
     resumed = client.fine_tuning.jobs.resume(job.id)
     assert resumed.status == "queued"
     wait(client, job.id, ("running",))
     cancelled = client.fine_tuning.jobs.cancel(job.id)
     assert cancelled.status == "cancelled"
-    time.sleep(1.0)
+    worker = server["app"].state.services.worker
+    eventually(lambda: worker.current is None, 60, "the worker lets go of the cancelled job")
     final = client.fine_tuning.jobs.retrieve(job.id)
     assert final.status == "cancelled" and final.fine_tuned_model is None
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
@@ -341,28 +342,20 @@ def test_a_paused_reinforcement_job_resumes_where_it_stopped(client, lora):
         "type": "reinforcement", "reinforcement": {"grader": DIGIT_GRADER, "hyperparameters": {
             "n_epochs": 1000, "batch_size": 4, "group_size": 2, "max_new_tokens": 1, "eval_samples": 2,
             **({"lora": lora} if lora else {})}}})
-    end = time.monotonic() + 120
-    while not [e for e in client.fine_tuning.jobs.list_events(job.id, limit=5) if e.type == "metrics"]:
-        assert time.monotonic() < end
-        time.sleep(0.2)
+    eventually(lambda: [e for e in client.fine_tuning.jobs.list_events(job.id, limit=5) if e.type == "metrics"],
+               120, "the job's first step", every_s=0.2)
     client.fine_tuning.jobs.pause(job.id)
-    while not any(m.startswith("Paused at step") for m in events_of(client, job.id)):
-        assert time.monotonic() < end
-        time.sleep(0.2)
+    event_seen(client, job.id, "Paused at step")
     paused = next(e for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.message.startswith("Paused"))
     paused_at = int(paused.message.removeprefix("Paused at step ").split(";")[0])
     assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id)][0] == paused_at
     client.fine_tuning.jobs.resume(job.id)
-    while not any(m.startswith("Resumed from the checkpoint at step") for m in events_of(client, job.id)):
-        assert time.monotonic() < end
-        time.sleep(0.2)
-    while True:        # the next step after the resume is the one after the pause
+    event_seen(client, job.id, "Resumed from the checkpoint at step")
+
+    def steps_past_the_pause():          # the next step after the resume is the one after the pause
         later = [e.data["step"] for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
-        if max(later) > paused_at:
-            break
-        assert time.monotonic() < end
-        time.sleep(0.2)
-    steps = sorted(later)
+        return later if max(later) > paused_at else None
+    steps = sorted(eventually(steps_past_the_pause, 120, "a step after the pause", every_s=0.2))
     assert steps == list(range(1, max(steps) + 1))          # no step lost or repeated across the pause
     assert client.fine_tuning.jobs.cancel(job.id).status == "cancelled"
 
@@ -396,12 +389,9 @@ def test_an_admin_promotes_a_fine_tuned_model_through_the_gate(server, client, d
     assert better["after"]["digit"] >= better["before"]["digit"] + 0.2
     assert store.versions.promoted()["version"] == better["version"] and better["production_version"] == 1
     # the server follows the store: the served model is now the promoted one
-    end = time.monotonic() + 30
-    while int(client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": "a"}], max_tokens=1).headers["x-gymloop-model-version"]) \
-            != better["version"]:
-        assert time.monotonic() < end
-        time.sleep(0.2)
+    eventually(lambda: int(client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "a"}], max_tokens=1).headers["x-gymloop-model-version"])
+        == better["version"], 30, "the server serves the promoted version", every_s=0.2)
     worse = admin.post(f"/fine_tuning/jobs/{letters}/promote", body=request, cast_to=object)
     assert not worse["promoted"] and "digit changed by" in worse["why"]
     assert store.versions.promoted()["version"] == better["version"]
@@ -427,16 +417,15 @@ def _process(args: list[str], port: int | None = None):
 
     proc = subprocess.Popen([sys.executable, "-m", "gymloop.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ})
-    end = time.monotonic() + 60
-    while port is not None and time.monotonic() < end:
+
+    def answers():
         try:
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).json()
         except httpx.HTTPError:
-            assert proc.poll() is None, "the server exited"
-            time.sleep(0.2)
+            return None
     if port is not None:
-        raise AssertionError("the server did not start")
+        eventually(answers, 60, "the server answers /healthz", every_s=0.2,
+                   unless=lambda: proc.poll() is not None and "the server exited")
     return proc
 
 
@@ -449,10 +438,7 @@ def _killed_mid_job(client, job_id: str, proc, db) -> int:
 
     from gymloop.store import Store
 
-    end = time.monotonic() + 60
-    while not list(client.fine_tuning.jobs.checkpoints.list(job_id)):      # a checkpoint exists
-        assert time.monotonic() < end
-        time.sleep(0.1)
+    eventually(lambda: list(client.fine_tuning.jobs.checkpoints.list(job_id)), 60, "a checkpoint exists", every_s=0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     store = Store(db)
@@ -517,7 +503,8 @@ def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path
         f = upload(client, sft_rows(64))
         job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
             "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 12, "batch_size": 2}}})
-        time.sleep(2)                      # the server's own worker would have claimed it within 0.5 s
+        # the server runs no worker of its own (it says so), so the job waits for one
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["job_worker"] is False
         assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
         worker = _process(["worker", *same, "--checkpoint-every", "5"])
         assert wait(client, job.id, statuses=("running", "succeeded", "failed"), timeout=60).status == "running"
@@ -607,6 +594,14 @@ def test_graders_validate(client):
                        ({"type": "nope"}, "grader")):
         with pytest.raises(Exception, match=match):
             client.fine_tuning.alpha.graders.validate(grader=bad)
+    # a model the server does not have is a 404 model_not_found, as for any request naming one,
+    # also inside a multi grader
+    import openai
+    unserved = {"type": "score_model", "name": "s", "model": "gpt-17", "input": [{"role": "user", "content": "x"}]}
+    for grader in (unserved, {**ok, "graders": {"a": unserved}}):
+        with pytest.raises(openai.NotFoundError) as err:
+            client.fine_tuning.alpha.graders.validate(grader=grader)
+        assert err.value.status_code == 404 and err.value.code == "model_not_found"
 
 
 def test_traces_export_as_training_files(server, client, capsys, tmp_path):
