@@ -17,7 +17,7 @@ from collections import Counter
 from openai.types.chat import ChatCompletionMessage
 
 from gymloop.envs.calls import catalogue, make_calls
-from gymloop.jobs.traffic import reply_text
+from gymloop.demos.traffic import reply_text
 from gymloop.models.toolcalls import parse_tool_calls
 from gymloop.store import Store
 
