@@ -216,7 +216,7 @@ def _med(xs: list[float], fmt: str) -> str:
 
 def summary_tables(cells: list[dict], systems: list[str]) -> list[tuple[str, list[list[str]]]]:
     """The printed tables from the raw cells: per system over all cells, then one row per cell.
-    A pure function of the results file (tests/test_bench_results.py recomputes them from it)."""
+    A pure function of the results file (tests/unit/test_bench_results.py recomputes them from it)."""
     n = len(cells)
     head = ["system", "cores", "loss", "reached", "steps to target", "s to target", "s/step", "sampled tok/s",
             "vs TRL: s to target", "vs TRL: s/step"]

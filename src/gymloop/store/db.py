@@ -1,7 +1,7 @@
 """The store's database: one SQLite file in WAL mode (a connection per thread, transactions), or
 a PostgreSQL server (postgres.py) chosen by URL; the schema and its migrations, and the row
 helpers the repositories share. The repositories' SQL is the dialect both speak (`?` parameters,
-`INSERT ... ON CONFLICT`, `RETURNING`). SQL lives in this package only (tests/test_layout.py checks it)."""
+`INSERT ... ON CONFLICT`, `RETURNING`). SQL lives in this package only (tests/unit/test_layout.py checks it)."""
 from __future__ import annotations
 
 import json
