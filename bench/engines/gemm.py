@@ -86,14 +86,14 @@ def sft_steps(rounds: int) -> dict[str, list[float]]:
 
     from gymloop.algorithms.sft import sft_loss
     from gymloop.bases.registry import resolve_model
-    from gymloop.finetune import methods as fm
+    from gymloop.finetune.examples import sft_examples
     from gymloop.models.checkpoint import load_model
     from gymloop.trainer.logprobs import CompletionLogprobs
     from gymloop.trainer.optim import optimizer_step
 
     model, tok = load_model(resolve_model("nano", progress=False))
     data = [{"messages": prompt(p, None) + [{"role": "assistant", "content": c}]} for p, c, _ in rows(16 * 40)]
-    examples = fm._examples("supervised", tok, data)
+    examples = sft_examples(tok, data)
     score = CompletionLogprobs(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
