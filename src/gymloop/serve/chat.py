@@ -24,8 +24,6 @@ from .http import APIError
 from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
 
-JSONInt = json_int()
-
 
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -87,7 +85,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     n: json_int(1, MAX_N) = Field(1, description="Choices to sample for the prompt (one group in the engine's "
                                   "batch, one trace with all of them).")
-    seed: JSONInt | None = None
+    seed: json_int(-2**63, 2**63 - 1) | None = Field(None, description="Sampling seed (OpenAI's int64 range).")
     tools: list[ChatTool] | None = Field(None, description="Functions the model may call: rendered into the prompt "
                                          "(by the chat template, or in gymloop's tool format), and a reply "
                                          "that calls them answered as `tool_calls`.")

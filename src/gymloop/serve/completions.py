@@ -34,7 +34,7 @@ class CompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     n: json_int(1, MAX_N) = 1
     stop: str | list[str] | None = None
-    seed: json_int() | None = None
+    seed: json_int(-2**63, 2**63 - 1) | None = Field(None, description="Sampling seed (OpenAI's int64 range).")
     logprobs: json_int(0, 5) | None = Field(None, description="Log-probs of each generated token, and of the "
                                               "k most likely tokens at each position.")
     stream: Annotated[StrictBool, AfterValidator(_not_streamed), WithJsonSchema({"type": "boolean", "const": False})] = \
