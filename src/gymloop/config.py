@@ -232,7 +232,12 @@ class RunBlocks(_Strict):
     run_dir: str = Field("runs", description="Parent directory of run directories.")
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix); a loop's id "
                       "(a restart with the same name resumes).")
-    engine_backend: Literal["auto", "llama", "hf"] = Field("auto", description="Engine backend.")
+    engine_backend: Literal["auto", "llama", "hf", "vllm"] = Field(
+        "auto", description="Engine backend: auto (llama when the model allows it, else hf), llama (gymloop's native "
+        "sampler), hf (transformers' forward), or vllm (a vLLM server in its own process and venv, `make vllm`; "
+        "weights sent after every step; synchronous rollouts on one machine).")
+    vllm_url: str | None = Field(None, description="engine_backend vllm: a running vLLM server (started with "
+                                 "gymloop's worker extension) to use instead of starting one.")
     engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own, exact) or "
                         "bfloat16 (cast copies, remade at each weight load; 2-3x faster prefill on CPUs with AMX; "

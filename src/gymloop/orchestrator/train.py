@@ -219,8 +219,18 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     model, tok = _load_model(cfg, Path(model_path))
     # FLOPs, hence projected costs, count the parameters a token passes through (MoE: top-k experts)
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], count_parameters(model)[1])
-    engine = Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode,
-                    record_routing=cfg.grpo.router_replay, dtype=cfg.engine_dtype)
+    engine = _engine(cfg, model, tok, Path(model_path))
+    try:
+        return _setup_rest(cfg, model_path, model, tok, env, engine, ledger, run_dir, profiles, phases, echo,
+                           task_source, t_start, setup_t0)
+    except BaseException:
+        if hasattr(engine, "close"):        # a vLLM process started for this run
+            engine.close()
+        raise
+
+
+def _setup_rest(cfg, model_path, model, tok, env, engine, ledger, run_dir, profiles, phases, echo, task_source,
+                t_start, setup_t0) -> Run:
     echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
                                                      if engine.native_unsupported else ""))
     env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
@@ -236,7 +246,28 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
         _restore(run, run.trainer.load_state(cfg.resume_from, rng=True))
     elif cfg.init_trainer_state:      # continuing training (a loop's next round): the optimizer, not the run
         run.trainer.load_state(cfg.init_trainer_state)
+    if cfg.resume_from and cfg.engine_backend == "vllm":     # vLLM started from the base's files
+        engine.load_weights(model.state_dict(), version=run.progress.step)
     return run
+
+
+def _engine(cfg: TrainConfig, model, tok, model_dir: Path):
+    """The driver's engine: gymloop's own on the trainer's model (shared tensors), or vLLM in its
+    own process, sent the trainer's weights after every step."""
+    if cfg.engine_backend != "vllm":
+        return Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode,
+                      record_routing=cfg.grpo.router_replay, dtype=cfg.engine_dtype)
+    from ..engine.vllm import VLLMEngine
+
+    g = cfg.grpo
+    unsupported = [why for bad, why in (
+        (g.max_staleness > 0, "asynchronous rollouts (grpo.max_staleness > 0)"),
+        (cfg.cluster.backend != "local", "Ray rollout workers (cluster.backend: ray)"),
+        (g.lora is not None, "LoRA runs (grpo.lora)"), (g.router_replay, "MoE router replay"),
+        (cfg.engine_dtype != "model", "engine_dtype other than model")) if bad]
+    if unsupported:
+        raise ValueError(f"engine_backend vllm does not run {unsupported[0]} yet")
+    return VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, seed=cfg.seed)
 
 
 def _heldout(env, cfg: TrainConfig) -> list:
@@ -484,4 +515,6 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
             run.trainer.close()
             if run.source is not None:
                 run.source.close()
+            if hasattr(run.engine, "close"):
+                run.engine.close()
     return summarise(run)
