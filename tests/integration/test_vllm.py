@@ -79,6 +79,16 @@ def test_sampled_tokens_log_probs_are_the_native_models_at_that_temperature(vllm
         assert g.logprobs == pytest.approx(lp.tolist(), abs=LOGPROB_TOL)
 
 
+def test_a_group_of_one_prompt_samples_different_completions_and_a_seed_repeats_them(vllm):
+    """A GRPO group is one prompt G times: its samples must differ (vLLM gives a request's seed
+    to each of its prompts alike), and the same seed must draw the same group again."""
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=11)
+    group = [PROMPTS[1]] * 8
+    first = [g.token_ids for g in vllm.generate(group, params).generations]
+    assert len(set(map(tuple, first))) > 1
+    assert [g.token_ids for g in vllm.generate(group, params).generations] == first
+
+
 def test_a_stop_token_ends_a_completion_and_is_part_of_it(vllm, model_dir, tok):
     first = vllm.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=0.0)).generations[0]
     stop = first.token_ids[3]
@@ -120,7 +130,7 @@ def test_a_training_run_generates_with_vllm_and_sends_it_every_step(tmp_path, mo
     cfg = TrainConfig.model_validate({
         "model": str(model_dir), "run_dir": str(tmp_path / "runs"), "env": {"name": "digit"},
         "engine_backend": "vllm", "sampling": {"max_new_tokens": 2},
-        "grpo": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
+        "grpo": {"steps": 3, "prompts_per_step": 8, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
         "eval": {"tasks": 8, "every": 0, "max_new_tokens": 2}})
     summary = train(cfg, progress=False, echo=lambda m: None)
     assert summary["steps"] == 3 and summary["phase_seconds"]["weight_sync"] > 0
@@ -130,6 +140,8 @@ def test_a_training_run_generates_with_vllm_and_sends_it_every_step(tmp_path, mo
     steps = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     trained = [s for s in steps if s.get("kind") == "train"]
     assert len(trained) == 3
+    # groups carry a signal: their samples differ (one seed per prompt, not one per request)
+    assert min(s["zero_signal_frac"] for s in trained) < 1.0
     # the behaviour log-probs are vLLM's, the trainer's its own: they agree (float32 both)
     assert all(0 <= s["approx_kl_behaviour"] < 1e-6 for s in trained), [s["approx_kl_behaviour"] for s in trained]
 

@@ -15,11 +15,14 @@ the tail of its log: never a hang, never an empty completion scored as a failure
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -171,6 +174,12 @@ def completion_body(prompts: Sequence[Sequence[int]], params: SamplingParams) ->
     return body
 
 
+def per_prompt_seeds(seed: int, n: int) -> list[int]:
+    """n seeds drawn from one (the same n for the same seed), each in vLLM's int64 range."""
+    rng = random.Random(seed)
+    return [rng.randrange(2**63) for _ in range(n)]
+
+
 def _token_id(token: str) -> int:
     return int(token.removeprefix("token_id:"))
 
@@ -222,10 +231,16 @@ class VLLMEngine:
         t0 = time.perf_counter()
         if not prompts:
             return GenerationBatch([], 0, 0, 0.0, self.version)
-        answer = self.server.post("/v1/completions", completion_body(prompts, params))
-        choices = sorted(answer["choices"], key=lambda c: c["index"])
-        if len(choices) != len(prompts):
-            raise VLLMError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
+        if params.seed is None:
+            choices = self._complete(prompts, params)
+        else:
+            # vLLM applies a request's seed to each of its prompts alike: a GRPO group (one prompt
+            # repeated) would sample one completion G times. So one request per prompt, each its
+            # own seed drawn from the batch's, sent at once (vLLM's scheduler batches them).
+            seeds = per_prompt_seeds(params.seed, len(prompts))
+            with ThreadPoolExecutor(min(64, len(prompts))) as pool:
+                choices = [c for cs in pool.map(lambda i: self._complete(
+                    [prompts[i]], dataclasses.replace(params, seed=seeds[i])), range(len(prompts))) for c in cs]
         gens = [generation_of(c, params.top_logprobs) for c in choices]
         if on_token is not None:
             for i, g in enumerate(gens):
@@ -234,6 +249,13 @@ class VLLMEngine:
         return GenerationBatch(generations=gens, prompt_tokens=sum(len(p) for p in prompts),
                                generated_tokens=sum(len(g.token_ids) for g in gens),
                                seconds=time.perf_counter() - t0, version=self.version)
+
+    def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[dict]:
+        answer = self.server.post("/v1/completions", completion_body(prompts, params))
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise VLLMError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
+        return choices
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
