@@ -166,12 +166,23 @@ def completion_body(prompts: Sequence[Sequence[int]], params: SamplingParams) ->
     body = {"model": "gymloop", "prompt": [list(p) for p in prompts], "max_tokens": params.max_new_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "logprobs": max(1, params.top_logprobs),
             "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
-            "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False, "n": 1}
+            "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False}
     if params.stop:
         body["stop"] = list(params.stop)
     if params.seed is not None:
         body["seed"] = params.seed
     return body
+
+
+def equal_runs(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(first index, length) of each run of consecutive equal prompts (a group is one run)."""
+    runs: list[tuple[int, int]] = []
+    for i, p in enumerate(prompts):
+        if runs and list(prompts[runs[-1][0]]) == list(p):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def per_prompt_seeds(seed: int, n: int) -> list[int]:
@@ -235,12 +246,15 @@ class VLLMEngine:
             choices = self._complete(prompts, params)
         else:
             # vLLM applies a request's seed to each of its prompts alike: a GRPO group (one prompt
-            # repeated) would sample one completion G times. So one request per prompt, each its
-            # own seed drawn from the batch's, sent at once (vLLM's scheduler batches them).
-            seeds = per_prompt_seeds(params.seed, len(prompts))
-            with ThreadPoolExecutor(min(64, len(prompts))) as pool:
-                choices = [c for cs in pool.map(lambda i: self._complete(
-                    [prompts[i]], dataclasses.replace(params, seed=seeds[i])), range(len(prompts))) for c in cs]
+            # repeated) sent as G prompts would sample one completion G times. So each run of equal
+            # prompts is one request for n samples with a seed of its own drawn from the batch's
+            # (vLLM draws a request's n samples apart), the requests sent at once.
+            runs = equal_runs(prompts)
+            seeds = per_prompt_seeds(params.seed, len(runs))
+            with ThreadPoolExecutor(min(64, len(runs))) as pool:
+                choices = [c for cs in pool.map(lambda k: self._complete(
+                    [prompts[runs[k][0]]], dataclasses.replace(params, seed=seeds[k]), n=runs[k][1]),
+                    range(len(runs))) for c in cs]
         gens = [generation_of(c, params.top_logprobs) for c in choices]
         if on_token is not None:
             for i, g in enumerate(gens):
@@ -250,11 +264,12 @@ class VLLMEngine:
                                generated_tokens=sum(len(g.token_ids) for g in gens),
                                seconds=time.perf_counter() - t0, version=self.version)
 
-    def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[dict]:
-        answer = self.server.post("/v1/completions", completion_body(prompts, params))
+    def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1) -> list[dict]:
+        """The completions of one request, in prompt order (n per prompt)."""
+        answer = self.server.post("/v1/completions", {**completion_body(prompts, params), "n": n})
         choices = sorted(answer["choices"], key=lambda c: c["index"])
-        if len(choices) != len(prompts):
-            raise VLLMError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
+        if len(choices) != len(prompts) * n:
+            raise VLLMError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts x {n}")
         return choices
 
     @torch.no_grad()
