@@ -185,7 +185,7 @@ def equal_runs(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
     return runs
 
 
-def per_prompt_seeds(seed: int, n: int) -> list[int]:
+def draw_seeds(seed: int, n: int) -> list[int]:
     """n seeds drawn from one (the same n for the same seed), each in vLLM's int64 range."""
     rng = random.Random(seed)
     return [rng.randrange(2**63) for _ in range(n)]
@@ -250,7 +250,7 @@ class VLLMEngine:
             # prompts is one request for n samples with a seed of its own drawn from the batch's
             # (vLLM draws a request's n samples apart), the requests sent at once.
             runs = equal_runs(prompts)
-            seeds = per_prompt_seeds(params.seed, len(runs))
+            seeds = draw_seeds(params.seed, len(runs))
             with ThreadPoolExecutor(min(64, len(runs))) as pool:
                 choices = [c for cs in pool.map(lambda k: self._complete(
                     [prompts[runs[k][0]]], dataclasses.replace(params, seed=seeds[k]), n=runs[k][1]),
@@ -281,8 +281,13 @@ class VLLMEngine:
 
         items = weights.items() if isinstance(weights, Mapping) else weights
         # every name, tied ones too: vLLM's CPU backend repacks lm_head apart from embed_tokens, so a
-        # tied model's head is only updated when it is sent (cloned: safetensors stores no shared storage)
-        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in items}
+        # tied model's head is only updated when it is sent (a second name of one storage is cloned:
+        # safetensors stores no shared storage)
+        tensors, seen = {}, set()
+        for name, t in items:
+            t = t.detach().to("cpu").contiguous()
+            tensors[name] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
         fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="gymloop-weights-")
         os.close(fd)
         try:

@@ -221,34 +221,28 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], count_parameters(model)[1])
     engine = _engine(cfg, model, tok, Path(model_path))
     try:
-        return _setup_rest(cfg, model_path, model, tok, env, engine, ledger, run_dir, profiles, phases, echo,
-                           task_source, t_start, setup_t0)
+        echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
+                                                         if engine.native_unsupported else ""))
+        env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
+        run = Run(cfg, Path(model_path), model, tok, env, engine, None, _heldout(env, cfg),
+                  run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
+                  cfg.sampling.max_new_tokens * cfg.env.max_turns, task_source=task_source,
+                  t_start=t_start, setup_t0=setup_t0)
+        if cfg.cluster.backend == "ray":
+            run.source = _make_source(run)
+            run.evaluator = run.source.collect
+        run.trainer = _trainer(cfg, model)
+        if cfg.resume_from:
+            _restore(run, run.trainer.load_state(cfg.resume_from, rng=True))
+        elif cfg.init_trainer_state:      # continuing training (a loop's next round): the optimizer, not the run
+            run.trainer.load_state(cfg.init_trainer_state)
+        if cfg.resume_from and cfg.engine_backend == "vllm":     # vLLM started from the base's files
+            engine.load_weights(model.state_dict(), version=run.progress.step)
+        return run
     except BaseException:
         if hasattr(engine, "close"):        # a vLLM process started for this run
             engine.close()
         raise
-
-
-def _setup_rest(cfg, model_path, model, tok, env, engine, ledger, run_dir, profiles, phases, echo, task_source,
-                t_start, setup_t0) -> Run:
-    echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
-                                                     if engine.native_unsupported else ""))
-    env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
-    run = Run(cfg, Path(model_path), model, tok, env, engine, None, _heldout(env, cfg),
-              run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
-              cfg.sampling.max_new_tokens * cfg.env.max_turns, task_source=task_source,
-              t_start=t_start, setup_t0=setup_t0)
-    if cfg.cluster.backend == "ray":
-        run.source = _make_source(run)
-        run.evaluator = run.source.collect
-    run.trainer = _trainer(cfg, model)
-    if cfg.resume_from:
-        _restore(run, run.trainer.load_state(cfg.resume_from, rng=True))
-    elif cfg.init_trainer_state:      # continuing training (a loop's next round): the optimizer, not the run
-        run.trainer.load_state(cfg.init_trainer_state)
-    if cfg.resume_from and cfg.engine_backend == "vllm":     # vLLM started from the base's files
-        engine.load_weights(model.state_dict(), version=run.progress.step)
-    return run
 
 
 def _engine(cfg: TrainConfig, model, tok, model_dir: Path):
