@@ -77,13 +77,14 @@ def tiny_model_dir(tmp_path_factory, tok):
     return path
 
 
-def overfit(tok: ChatTokenizer, rows: list[dict], *, steps: int = 150, seed: int = 0):
+def overfit(tok: ChatTokenizer, rows: list[dict], *, steps: int = 150, seed: int = 0, heads: int = 4):
     """A tiny model that has learnt `rows` (supervised rows: messages, tools) by heart, trained on
-    the tokens gymloop's fine-tuning renders them to: served greedily, it replies as they do."""
+    the tokens gymloop's fine-tuning renders them to: served greedily, it replies as they do.
+    (heads 2: a head size of 32, which vLLM's CPU attention supports.)"""
     from gymloop.finetune.examples import sft_examples
 
     batch = sft_examples(tok, rows).batch(list(range(len(rows))))
-    model = tiny_llama(tok.vocab_size, hidden=64, seed=seed, positions=512).train()
+    model = tiny_llama(tok.vocab_size, hidden=64, heads=heads, seed=seed, positions=512).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     target, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]
     for _ in range(steps):
@@ -236,3 +237,25 @@ def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
         "sampling": {"max_new_tokens": 1},
         "grpo": {"steps": 25, "prompts_per_step": 8, "group_size": 8, "lr": 3e-2, "warmup_steps": 0, **(grpo or {})},
         **over})
+
+
+def needs_vllm() -> None:
+    """Skip without vLLM's runtime, except in CI, which builds it (make test runs make vllm)."""
+    from gymloop.engine.vllm import VLLMError, runtime_python
+
+    try:
+        runtime_python()
+    except VLLMError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory, tok):
+    """A tiny Llama whose head size vLLM's CPU attention supports (32), with the nano tokenizer."""
+    from gymloop.models.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("vllm") / "tiny"
+    save_model(tiny_llama(tok.vocab_size, hidden=128, heads=4, layers=2, seed=3, positions=512), tok, path)
+    return path

@@ -201,13 +201,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .rollout.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
-    model, tok = load_model(resolve_model(args.model, progress=not args.quiet))
+    model_dir = resolve_model(args.model, progress=not args.quiet)
+    model, tok = load_model(model_dir)
     env = make_env(args.env, **json.loads(args.env_options))
     tasks = env.sample_tasks(args.tasks, "heldout", seed=args.seed)
     ks = [int(k) for k in args.k.split(",")] if args.k else []
-    res = evaluate(Engine(model, tok.pad_token_id, decode=tok.decode), tok, env, tasks,
-                   max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, ks=ks,
-                   samples=args.samples or max(ks or [0]), progress=not args.quiet)
+    if args.engine_backend == "vllm":
+        from .engine.vllm import VLLMEngine
+
+        engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, seed=args.seed)
+    else:
+        engine = Engine(model, tok.pad_token_id, backend=args.engine_backend or "auto", decode=tok.decode)
+    try:
+        res = evaluate(engine, tok, env, tasks, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
+                       ks=ks, samples=args.samples or max(ks or [0]), progress=not args.quiet)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     print(json.dumps(res.as_dict(), indent=2))
     return 0
 
@@ -245,7 +255,8 @@ def _server_config(args: argparse.Namespace, **fields):
     keys and features _add_server_args gives; refused without any key unless --no-auth."""
     cfg = _serving_config(args, api_keys=args.api_key or [], admin_keys=args.admin_key or [],
                           require_auth=not args.no_auth, fine_tuning=not args.no_fine_tuning,
-                          engine_dtype=args.engine_dtype, **fields)
+                          engine_dtype=args.engine_dtype, engine_backend=args.engine_backend,
+                          vllm_url=args.vllm_url, **fields)
     if cfg.require_auth and not cfg.api_keys + cfg.admin_keys and not os.environ.get("GYMLOOP_API_KEYS"):
         raise ValueError("no API key configured: pass --api-key KEY (or set GYMLOOP_API_KEYS), "
                          "or --no-auth to serve without keys")
@@ -313,7 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .loop.config import LoopConfig
     from .loop.rounds import run_loop
 
-    cfg = load_config(args.config, model=LoopConfig)
+    cfg = load_config(args.config, {"engine_backend": args.engine_backend} if args.engine_backend else None,
+                      model=LoopConfig)
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -523,6 +535,8 @@ def _learning_commands(sub) -> None:
     e.add_argument("--max-turns", type=int, default=4, help="most model turns per episode (tool calls take turns)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--engine-backend", default=None, choices=ENGINE_BACKENDS, help="the engine the episodes "
+                   "generate with (vllm: `make vllm` first)")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
 
@@ -553,6 +567,9 @@ def _serving_commands(sub) -> None:
 
         p.add_argument("--engine-dtype", choices=typing.get_args(EngineDtype), default="model",
                        help="the dtype generation computes in (bfloat16: 2-3x faster prefill on CPUs with AMX)")
+        p.add_argument("--engine-backend", choices=ENGINE_BACKENDS, default="auto",
+                       help="what generates the answers (vllm: a vLLM server, `make vllm` first)")
+        p.add_argument("--vllm-url", default=None, help="with --engine-backend vllm: a running vLLM server to use")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible API over a model; every answer is a trace")
     _add_server_args(sv)
@@ -586,6 +603,7 @@ def _serving_commands(sub) -> None:
 
     rn = sub.add_parser("run", help="the continuous loop: rounds of training, gate, promotion")
     rn.add_argument("config")
+    rn.add_argument("--engine-backend", default=None, choices=ENGINE_BACKENDS, help=ENGINE_HELP)
     rn.add_argument("--quiet", action="store_true")
     rn.set_defaults(fn=cmd_run)
 

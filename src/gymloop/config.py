@@ -235,7 +235,8 @@ class RunBlocks(_Strict):
     engine_backend: Literal["auto", "llama", "hf", "vllm"] = Field(
         "auto", description="Engine backend: auto (llama when the model allows it, else hf), llama (gymloop's native "
         "sampler), hf (transformers' forward), or vllm (a vLLM server in its own process and venv, `make vllm`; "
-        "weights sent after every step; synchronous rollouts on one machine).")
+        "weights sent after every step, a LoRA run's as adapters; with max_staleness > 0 a collector thread "
+        "generates on it; on Ray each rollout worker starts its own).")
     vllm_url: str | None = Field(None, description="engine_backend vllm: a running vLLM server (started with "
                                  "gymloop's worker extension) to use instead of starting one.")
     engine_dtype: EngineDtype = Field(

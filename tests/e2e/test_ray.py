@@ -269,3 +269,29 @@ def test_a_dead_trainer_actor_is_a_clear_error_not_a_hang(tiny_model_dir, local_
             group.step(batch, PolicyObjective(PolicyLoss(), torch.tensor([1.0, -1.0])))
     finally:
         group.close()
+
+
+def vllm_servers(model_dir) -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and
+            str(model_dir) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_rollout_worker_runs_vllm_and_stops_it_with_the_run(tmp_path, vllm_model_dir, local_ray, digit_env):
+    """engine_backend vllm on Ray: the rollout worker starts a vLLM server and loads each version
+    the driver publishes (its behaviour log-probs are the trainer's), and stops it at the end."""
+    from conftest import needs_vllm
+
+    needs_vllm()
+    cfg = digit_cfg(tmp_path, vllm_model_dir, steps=3, lr=1e-3, drop_zero_signal=False)
+    cfg = cfg.model_copy(update={"engine_backend": "vllm",
+                                 "cluster": ClusterConfig(backend="ray", workers=1, worker_cpus=1)})
+    from gymloop.orchestrator.train import train
+
+    summary = train(cfg, progress=False, echo=lambda m: None)
+    trained = [r for r in read_metrics(Path(summary["run_dir"])) if r.get("kind") == "train"]
+    assert len(trained) == 3
+    assert all(0 <= r["approx_kl_behaviour"] < 1e-6 for r in trained), [r["approx_kl_behaviour"] for r in trained]
+    eventually(lambda: vllm_servers(vllm_model_dir) == [], 60, "the worker's vLLM server stops")

@@ -92,18 +92,24 @@ def put_weights(state: dict[str, torch.Tensor], version: int, bucket_bytes: int)
 
 
 class RolloutWorker:
-    """Body of a rollout actor: a copy of the model in an engine, and the environment."""
+    """Body of a rollout actor: a copy of the model in an engine (gymloop's own, or a vLLM server
+    the actor starts from `model_dir`, which its node must see), and the environment."""
 
     def __init__(self, model_config, tok, env: Environment, backend: str = "auto", gpu: bool = False,
-                 dtype: str = "model") -> None:
+                 dtype: str = "model", model_dir: str | None = None) -> None:
+        torch.set_num_threads(1)
+        self.tok, self.env = tok, env
+        if backend == "vllm":
+            from ..engine.vllm import VLLMEngine
+
+            self.engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, threads=1)
+            return
         from transformers import AutoModelForCausalLM
 
-        torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
         if gpu:
             to_gpu(model, "cluster.worker_gpus")
         self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype)
-        self.tok, self.env = tok, env
 
     def load(self, version: int, layout: list[Slot], *buckets) -> int:
         """Load a weight version; `buckets` arrive as read-only views of the object store."""
@@ -116,6 +122,16 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def engine_pid(self) -> int | None:
+        """The vLLM server's process (None: the engine runs in this actor)."""
+        proc = getattr(getattr(self.engine, "server", None), "proc", None)
+        return proc.pid if proc is not None else None
+
+    def close(self) -> None:
+        """Stop a vLLM server this actor started (before the actor is killed)."""
+        if hasattr(self.engine, "close"):
+            self.engine.close()
 
 
 def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
@@ -144,13 +160,14 @@ class RaySource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, cfg: ClusterConfig,
-                 backend: str = "auto", max_staleness: int = 0, dtype: str = "model") -> None:
+                 backend: str = "auto", max_staleness: int = 0, dtype: str = "model",
+                 model_dir: str | None = None) -> None:
         import ray
 
         self.cfg, self.tok, self.env, self.tasks = cfg, tok, env, tasks
         self.max_staleness = max_staleness
         self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
-        self.dtype = dtype
+        self.dtype, self.model_dir = dtype, None if model_dir is None else str(model_dir)
         self.model_config = model.config
         self.owns_ray = connect(cfg)
         self._actor = ray.remote(num_cpus=cfg.worker_cpus, num_gpus=cfg.worker_gpus, max_restarts=0)(RolloutWorker)
@@ -162,7 +179,7 @@ class RaySource:
 
     def _spawn(self):
         return self._actor.remote(self.model_config, self.tok, self.env, self.backend, self.cfg.worker_gpus > 0,
-                                  self.dtype)
+                                  self.dtype, self.model_dir)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The driver's weights for the workers (the trainer runs in the driver)."""
@@ -258,6 +275,10 @@ class RaySource:
     def close(self) -> None:
         import ray
 
+        try:                                   # workers' vLLM servers stop with them, not after
+            ray.get([w.close.remote() for w in self.workers], timeout=60)
+        except Exception:  # noqa: BLE001 - a dead worker's server died with it (PR_SET_PDEATHSIG)
+            pass
         for w in self.workers:
             try:
                 ray.kill(w)

@@ -10,21 +10,29 @@ engine reports it: `--logprobs-mode processed_logprobs`).
 
 A new weight version is a safetensors file that gymloop's worker extension (vllm_worker.py)
 loads with vLLM's `reload_weights` through `/collective_rpc`, then the prefix cache is reset, so
-no answer mixes two versions' keys. A vLLM process that died is a VLLMError naming its exit and
-the tail of its log: never a hang, never an empty completion scored as a failure.
+no answer mixes two versions' keys. A LoRA run's version is its adapter, loaded as a vLLM LoRA
+adapter named after the version (the base weights never move).
+
+A vLLM process gymloop started that dies is started again with the version it was serving, and
+the requests it dropped are sent again (`restarts` counts it); one that dies again at once, or a
+server at a URL that stops answering, is a VLLMError naming its exit and the tail of its log:
+never a hang, never an empty completion scored as a failure.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 import random
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import httpx
 import torch
@@ -35,6 +43,7 @@ PYTHON_ENV = "GYMLOOP_VLLM_PYTHON"
 # src/gymloop/engine -> the checkout, where `make vllm` builds the runtime
 DEFAULT_RUNTIME = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 EXTENSION = "gymloop_vllm_worker.WeightLoader"
+log = logging.getLogger("gymloop.vllm")
 
 
 class VLLMError(RuntimeError):
@@ -59,24 +68,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(python: Path, model_dir: str, port: int, dtype: str, max_model_len: int | None,
-                   seed: int) -> list[str]:
+# the adapter ranks vLLM can be started for (vllm.config.lora.MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """What a started vLLM server runs: enough to start it again after it died."""
+
+    model_dir: str
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    seed: int = 0
+    lora_rank: int | None = None       # serve LoRA adapters of up to this rank (None: none)
+    threads: int | None = None
+
+
+def server_command(python: Path, spec: ServerSpec, port: int) -> list[str]:
     """The vLLM server gymloop runs: eager (no graph capture on CPU), gymloop's worker
     extension, log-probs after temperature, up to 20 of them (the API's top_logprobs)."""
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--served-model-name", "gymloop", "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
+           "--served-model-name", "gymloop", "--host", "127.0.0.1", "--port", str(port), "--dtype", spec.dtype,
            "--enforce-eager", "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "20", "--seed", str(seed), "--disable-log-stats"]
-    return cmd + (["--max-model-len", str(max_model_len)] if max_model_len else [])
+           "--max-logprobs", "20", "--seed", str(spec.seed), "--disable-log-stats"]
+    if spec.lora_rank:
+        rank = next((r for r in LORA_RANKS if r >= spec.lora_rank), None)
+        if rank is None:
+            raise VLLMError(f"vLLM serves LoRA adapters of rank <= {LORA_RANKS[-1]}, not {spec.lora_rank}")
+        cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
+    return cmd + (["--max-model-len", str(spec.max_model_len)] if spec.max_model_len else [])
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: its own process group (closed as one), and SIGTERM when the
+    process that started it dies, so a killed gymloop leaves no vLLM behind (Linux)."""
+    os.setsid()
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class VLLMServer:
     """A vLLM OpenAI-compatible server: started by gymloop from the runtime venv (`start`), or
     one already running at a URL (`at`)."""
 
-    def __init__(self, url: str, proc: subprocess.Popen | None = None, workdir: Path | None = None) -> None:
-        self.url, self.proc, self.workdir = url.rstrip("/"), proc, workdir
-        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0))
+    def __init__(self, url: str, proc: subprocess.Popen | None = None, workdir: Path | None = None,
+                 spec: ServerSpec | None = None) -> None:
+        self.url, self.proc, self.workdir, self.spec = url.rstrip("/"), proc, workdir, spec
+        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0),
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     @classmethod
     def at(cls, url: str) -> "VLLMServer":
@@ -85,21 +129,21 @@ class VLLMServer:
         return server
 
     @classmethod
-    def start(cls, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int | None = None,
-              seed: int = 0, timeout_s: float = 600.0, threads: int | None = None) -> "VLLMServer":
+    def start(cls, spec: ServerSpec, timeout_s: float = 600.0) -> "VLLMServer":
         python = runtime_python()
         workdir = Path(tempfile.mkdtemp(prefix="gymloop-vllm-"))
         shutil.copy(Path(__file__).with_name("vllm_worker.py"), workdir / "gymloop_vllm_worker.py")
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(workdir), "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        if threads:
-            env["OMP_NUM_THREADS"] = str(threads)
-        log = open(workdir / "vllm.log", "wb")
-        proc = subprocess.Popen(server_command(python, str(model_dir), port, dtype, max_model_len, seed),
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        server = cls(f"http://127.0.0.1:{port}", proc, workdir)
+        if spec.threads:
+            env["OMP_NUM_THREADS"] = str(spec.threads)
+        with open(workdir / "vllm.log", "wb") as log:
+            proc = subprocess.Popen(server_command(python, spec, port), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, preexec_fn=_die_with_parent)
+        server = cls(f"http://127.0.0.1:{port}", proc, workdir, spec)
         try:
             server.wait_ready(timeout_s)
         except BaseException:
@@ -133,16 +177,46 @@ class VLLMServer:
                 raise VLLMError(f"vLLM at {self.url} did not answer /health within {timeout_s:.0f} s\n{self.log_tail()}")
             time.sleep(0.5)
 
+    def _unreachable(self, path: str, exc: Exception) -> VLLMError:
+        if self.proc is not None and self.proc.poll() is None:
+            try:                       # a connection dropped as the process dies: let it finish dying
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        why = self.died()
+        return VLLMError(f"vLLM at {self.url} did not answer {path}: {exc}" + (f"\n{why}" if why else ""))
+
     def post(self, path: str, body: dict) -> dict:
-        """POST a JSON body; a dead or unreachable server is a VLLMError, an error answer too."""
+        """POST a JSON body; a dead or unreachable server is a VLLMError, an error answer too.
+        The answer's JSON (an answer in plain text, as the adapter routes give: {"text": ...})."""
         try:
             r = self.http.post(path, json=body)
         except httpx.HTTPError as exc:
-            raise VLLMError(f"vLLM at {self.url} did not answer {path}: {exc}"
-                            + (f"\n{self.died()}" if self.died() else "")) from None
+            raise self._unreachable(path, exc) from None
         if r.status_code != 200:
             raise VLLMError(f"vLLM answered {path} with {r.status_code}: {r.text[:2000]}")
-        return r.json() if r.content else {}
+        if not r.content:
+            return {}
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
+
+    def stream(self, path: str, body: dict) -> Iterator[dict]:
+        """POST with `stream: true`: each server-sent event's JSON, until [DONE]."""
+        try:
+            with self.http.stream("POST", path, json={**body, "stream": True}) as r:
+                if r.status_code != 200:
+                    raise VLLMError(f"vLLM answered {path} with {r.status_code}: {r.read().decode()[:2000]}")
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        return
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise VLLMError(f"vLLM failed {path} while streaming: {event['error']}")
+                    yield event
+        except httpx.HTTPError as exc:
+            raise self._unreachable(path, exc) from None
+        raise VLLMError(f"vLLM's stream of {path} ended without [DONE]")
 
     def close(self) -> None:
         self.http.close()
@@ -159,11 +233,11 @@ class VLLMServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def completion_body(prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict:
+def completion_body(prompts: Sequence[Sequence[int]], params: SamplingParams, model: str = "gymloop") -> dict:
     """vLLM's /v1/completions request for token-id prompts with gymloop's sampling semantics: stop
     only at `stop_token_ids` (the model's EOS is not a stop unless listed), log-probs of every
     sampled token (and the top k), token ids back, nothing detokenized away."""
-    body = {"model": "gymloop", "prompt": [list(p) for p in prompts], "max_tokens": params.max_new_tokens,
+    body = {"model": model, "prompt": [list(p) for p in prompts], "max_tokens": params.max_new_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "logprobs": max(1, params.top_logprobs),
             "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
             "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False}
@@ -204,6 +278,29 @@ def generation_of(choice: dict, top_k: int) -> Generation:
                       finish_reason="stop" if choice["finish_reason"] == "stop" else "length", top_logprobs=top)
 
 
+def streamed_choices(events: Iterable[dict], count: int, on_token: Callable[[int, int], None]) -> list[dict]:
+    """The choices of a streamed completion, put together from its events (each adds tokens to
+    one choice), calling `on_token(choice, token_id)` as each token arrives."""
+    choices = [{"index": i, "token_ids": [], "finish_reason": None,
+                "logprobs": {"token_logprobs": [], "top_logprobs": []}} for i in range(count)]
+    for event in events:
+        for part in event["choices"]:
+            c = choices[part["index"]]
+            c["token_ids"] += part["token_ids"] or []
+            c["logprobs"]["token_logprobs"] += part["logprobs"]["token_logprobs"] if part.get("logprobs") else []
+            c["logprobs"]["top_logprobs"] += part["logprobs"]["top_logprobs"] if part.get("logprobs") else []
+            c["finish_reason"] = part["finish_reason"] or c["finish_reason"]
+            for t in part["token_ids"] or []:
+                on_token(part["index"], t)
+    return choices
+
+
+def adapter_weights(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A peft model's adapter tensors under the names peft saves them with (the adapter's name,
+    `.default`, dropped); empty for a model without adapters."""
+    return {k.replace(".default.", "."): v for k, v in weights.items() if ".lora_A." in k or ".lora_B." in k}
+
+
 class VLLMEngine:
     """The engine interface (engine.Engine's) over a vLLM server."""
 
@@ -212,20 +309,28 @@ class VLLMEngine:
     record_routing = False
 
     def __init__(self, server: VLLMServer, pad_token_id: int, *, decode: Callable[[list[int]], str] | None = None,
-                 version: int = 0, context: int | None = None) -> None:
+                 version: int = 0, context: int | None = None, lora: dict | None = None) -> None:
+        """lora: a LoRA run's adapter config (peft's LoraConfig as a dict): its versions are adapters."""
         self.server, self.pad_token_id, self.decode = server, pad_token_id, decode
-        self.version, self._context = version, context
+        self.version, self._context, self.lora = version, context, lora
+        self.tied = False                   # the model's head is its embedding (a checkpoint stores it once)
+        self.model_name = "gymloop"         # the base, or the adapter of the current version
+        self.restarts = 0
+        self._state = Path(tempfile.mkdtemp(prefix="gymloop-vllm-state-"))   # the served version, to restart
+        self._restart_lock = threading.Lock()
 
     @classmethod
     def start(cls, model_dir: str | Path, pad_token_id: int, *, decode=None, version: int = 0,
-              url: str | None = None, dtype: str = "float32", seed: int = 0) -> "VLLMEngine":
-        import json
-
+              url: str | None = None, dtype: str = "float32", seed: int = 0, lora: dict | None = None,
+              threads: int | None = None) -> "VLLMEngine":
         config = json.loads((Path(model_dir) / "config.json").read_text())
         context = config.get("max_position_embeddings")
-        server = VLLMServer.at(url) if url else VLLMServer.start(model_dir, dtype=dtype, max_model_len=context,
-                                                                   seed=seed)
-        return cls(server, pad_token_id, decode=decode, version=version, context=context)
+        spec = ServerSpec(str(model_dir), dtype, context, seed, lora_rank=lora["r"] if lora else None,
+                          threads=threads)
+        server = VLLMServer.at(url) if url else VLLMServer.start(spec)
+        engine = cls(server, pad_token_id, decode=decode, version=version, context=context, lora=lora)
+        engine.tied = bool(config.get("tie_word_embeddings"))
+        return engine
 
     @property
     def context(self) -> int | None:
@@ -237,13 +342,13 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> GenerationBatch:
-        """Sample a completion for every prompt, as one vLLM request (its scheduler batches
-        them). `on_token` is called with each finished completion's tokens in order."""
+        """Sample a completion for every prompt (vLLM's scheduler batches them). `on_token(i, id)`
+        streams prompt i's tokens as vLLM samples them."""
         t0 = time.perf_counter()
         if not prompts:
             return GenerationBatch([], 0, 0, 0.0, self.version)
-        if params.seed is None:
-            choices = self._complete(prompts, params)
+        if params.seed is None or params.temperature == 0:
+            choices = self._complete(prompts, params, on_token=on_token)
         else:
             # vLLM applies a request's seed to each of its prompts alike: a GRPO group (one prompt
             # repeated) sent as G prompts would sample one completion G times. So each run of equal
@@ -251,56 +356,138 @@ class VLLMEngine:
             # (vLLM draws a request's n samples apart), the requests sent at once.
             runs = equal_runs(prompts)
             seeds = draw_seeds(params.seed, len(runs))
+
+            def run(k: int) -> list[dict]:
+                first, n = runs[k]
+                tokens = None if on_token is None else (lambda j, t: on_token(first + j, t))
+                return self._complete([prompts[first]], dataclasses.replace(params, seed=seeds[k]), n, tokens)
+
             with ThreadPoolExecutor(min(64, len(runs))) as pool:
-                choices = [c for cs in pool.map(lambda k: self._complete(
-                    [prompts[runs[k][0]]], dataclasses.replace(params, seed=seeds[k]), n=runs[k][1]),
-                    range(len(runs))) for c in cs]
+                choices = [c for cs in pool.map(run, range(len(runs))) for c in cs]
         gens = [generation_of(c, params.top_logprobs) for c in choices]
-        if on_token is not None:
-            for i, g in enumerate(gens):
-                for t in g.token_ids:
-                    on_token(i, t)
         return GenerationBatch(generations=gens, prompt_tokens=sum(len(p) for p in prompts),
                                generated_tokens=sum(len(g.token_ids) for g in gens),
                                seconds=time.perf_counter() - t0, version=self.version)
 
-    def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1) -> list[dict]:
-        """The completions of one request, in prompt order (n per prompt)."""
-        answer = self.server.post("/v1/completions", {**completion_body(prompts, params), "n": n})
-        choices = sorted(answer["choices"], key=lambda c: c["index"])
-        if len(choices) != len(prompts) * n:
+    def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1,
+                  on_token: Callable[[int, int], None] | None = None) -> list[dict]:
+        """The completions of one request, in prompt order (n per prompt); streamed when
+        `on_token` is given. A started server that died is started again and asked again (a
+        stream only when none of its tokens went out yet)."""
+        count = len(prompts) * n
+        streamed = [0]
+
+        def ask() -> list[dict]:
+            body = {**completion_body(prompts, params, self.model_name), "n": n}
+            if on_token is None:
+                return sorted(self.server.post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+
+            def out(i: int, t: int) -> None:
+                streamed[0] += 1
+                on_token(i, t)
+
+            return streamed_choices(self.server.stream("/v1/completions", body), count, out)
+
+        choices = self._supervised(ask, again=lambda: streamed[0] == 0)
+        if len(choices) != count:
             raise VLLMError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts x {n}")
         return choices
+
+    def _supervised(self, call: Callable[[], object], again: Callable[[], bool] = lambda: True):
+        """`call()`; when the server gymloop started died under it, start it again with the
+        served version and, if `again()`, call once more (a second death is the error)."""
+        server, started = self.server, self.restarts
+        try:
+            return call()
+        except VLLMError:
+            if server.spec is None or server.died() is None:
+                raise
+            self._restart(started)
+            if not again():
+                raise
+        return call()
+
+    def _restart(self, seen: int) -> None:
+        """Start the dead server again, load the version it served; once for all the requests
+        that saw it die (`seen`: the restarts counted when they were sent)."""
+        with self._restart_lock:
+            if self.restarts != seen:
+                return                                  # another request restarted it already
+            old = self.server
+            why = old.died()
+            log.warning("vLLM died (%s); starting it again with version %d", (why or "").splitlines()[0], self.version)
+            old.close()
+            self.server = VLLMServer.start(old.spec)
+            self.model_name = "gymloop"
+            if (self._state / "adapter").exists():
+                self._load_adapter(self._state / "adapter", self.version)
+            elif (self._state / "weights.safetensors").exists():
+                self._send_weights(self._state / "weights.safetensors")
+            self.restarts += 1
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                      version: int) -> int:
         """Send a weight version: written as one safetensors file, loaded by vLLM's workers
-        (gymloop's extension), then the prefix cache reset. Returns the bytes sent."""
+        (gymloop's extension), then the prefix cache reset; a LoRA run's version is its adapter,
+        loaded as a vLLM adapter. The file is kept until the next version, to start a dead server
+        again. Returns the bytes sent."""
         from safetensors.torch import save_file
 
-        items = weights.items() if isinstance(weights, Mapping) else weights
+        items = dict(weights.items() if isinstance(weights, Mapping) else weights)
+        if self.lora is not None:
+            return self._publish_adapter(adapter_weights(items), version)
         # every name, tied ones too: vLLM's CPU backend repacks lm_head apart from embed_tokens, so a
         # tied model's head is only updated when it is sent (a second name of one storage is cloned:
         # safetensors stores no shared storage)
+        if self.tied and "lm_head.weight" not in items and "model.embed_tokens.weight" in items:
+            items["lm_head.weight"] = items["model.embed_tokens.weight"]     # a checkpoint's file, read back
         tensors, seen = {}, set()
-        for name, t in items:
+        for name, t in items.items():
             t = t.detach().to("cpu").contiguous()
             tensors[name] = t.clone() if t.data_ptr() in seen else t
             seen.add(t.data_ptr())
-        fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="gymloop-weights-")
-        os.close(fd)
-        try:
-            save_file(tensors, path)
-            self.server.post("/collective_rpc", {"method": "gymloop_load_weights", "kwargs": {"path": path}})
-            self.server.post("/reset_prefix_cache", {})
-        finally:
-            os.unlink(path)
+        path = self._state / "weights.safetensors"
+        save_file(tensors, str(path))
+        self._supervised(lambda: self._send_weights(path))
         self.version = version
         return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _send_weights(self, path: Path) -> None:
+        self.server.post("/collective_rpc", {"method": "gymloop_load_weights", "kwargs": {"path": str(path)}})
+        self.server.post("/reset_prefix_cache", {})
+
+    def _publish_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        """A LoRA version: the adapter in peft's format, loaded as a vLLM adapter named after the
+        version; requests use it from then on and the previous one is unloaded."""
+        from safetensors.torch import save_file
+
+        if not tensors:
+            raise VLLMError("a LoRA run's weights have no adapter tensors (lora_A / lora_B)")
+        fresh = self._state / f"adapter-{version}"
+        fresh.mkdir(exist_ok=True)
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+                  str(fresh / "adapter_model.safetensors"))
+        (fresh / "adapter_config.json").write_text(json.dumps(self.lora))
+        self._supervised(lambda: self._load_adapter(fresh, version))
+        shutil.rmtree(self._state / "adapter", ignore_errors=True)
+        fresh.rename(self._state / "adapter")
+        self.version = version
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _load_adapter(self, path: Path, version: int) -> None:
+        name, old = f"gymloop-v{version}", self.model_name
+        if name == old:
+            return
+        self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        self.model_name = name
+        if old != "gymloop":
+            self.server.post("/v1/unload_lora_adapter", {"lora_name": old})
+        self.server.post("/reset_prefix_cache", {})
 
     def bind_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         raise VLLMError("a vLLM engine takes weights by load_weights (a copy), not by sharing tensors")
 
     def close(self) -> None:
         self.server.close()
+        shutil.rmtree(self._state, ignore_errors=True)

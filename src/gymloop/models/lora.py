@@ -77,6 +77,14 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).merge_and_unload()
 
 
+def adapter_config(model: torch.nn.Module) -> dict:
+    """The adapter's adapter_config.json (peft's format) as a dict: what an engine that serves
+    adapters (vLLM) reads beside the adapter's tensors."""
+    import json
+
+    return json.loads(json.dumps(model.peft_config["default"].to_dict(), default=sorted))
+
+
 def is_lora(model: torch.nn.Module) -> bool:
     # peft is imported only once a model has adapters (every wrapped model carries peft_config)
     return hasattr(model, "peft_config")

@@ -52,7 +52,7 @@ def _eval(engine, tok, env, tasks, cfg: TrainConfig, ks=(), progress: bool = Fal
                     collector=collector)
 
 
-def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_at):
+def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_at, model_dir=None):
     """Where training's rollouts come from: Ray actors, the trainer's own engine (synchronous),
     or a collector beside it (asynchronous: a process by default, or a thread)."""
     g = cfg.grpo
@@ -61,9 +61,12 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
 
         return RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
                          cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness,
-                         dtype=cfg.engine_dtype)
+                         dtype=cfg.engine_dtype, model_dir=model_dir)
     if g.max_staleness == 0:
         return SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
+    if cfg.engine_backend == "vllm":     # vLLM generates in its own process: the collector is a thread
+        return AsyncSource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
+                           g.max_staleness, engine=engine)
     kind = ProcessSource if g.collector == "process" else AsyncSource
     return kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
                 g.max_staleness, backend=cfg.engine_backend, record_routing=g.router_replay,
@@ -238,6 +241,9 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
             run.trainer.load_state(cfg.init_trainer_state)
         if cfg.resume_from and cfg.engine_backend == "vllm":     # vLLM started from the base's files
             engine.load_weights(model.state_dict(), version=run.progress.step)
+        if cfg.engine_backend == "vllm" and cfg.grpo.max_staleness and cfg.cluster.backend == "local":
+            run.source = _make_source(run)      # the collector runs on the driver's vLLM ...
+            run.evaluator = run.source.evaluate       # ... so evaluations wait for it and use the newest weights
         return run
     except BaseException:
         if hasattr(engine, "close"):        # a vLLM process started for this run
@@ -247,21 +253,26 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
 
 def _engine(cfg: TrainConfig, model, tok, model_dir: Path):
     """The driver's engine: gymloop's own on the trainer's model (shared tensors), or vLLM in its
-    own process, sent the trainer's weights after every step."""
-    if cfg.engine_backend != "vllm":
-        return Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode,
+    own process, sent the trainer's weights after every step (a LoRA run's adapter). On Ray the
+    rollout workers run the vLLM servers and the driver keeps gymloop's own engine."""
+    if cfg.engine_backend != "vllm" or cfg.cluster.backend == "ray":
+        backend = "auto" if cfg.engine_backend == "vllm" else cfg.engine_backend
+        return Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode,
                       record_routing=cfg.grpo.router_replay, dtype=cfg.engine_dtype)
     from ..engine.vllm import VLLMEngine
+    from ..models.lora import adapter_config
 
     g = cfg.grpo
     unsupported = [why for bad, why in (
-        (g.max_staleness > 0, "asynchronous rollouts (grpo.max_staleness > 0)"),
-        (cfg.cluster.backend != "local", "Ray rollout workers (cluster.backend: ray)"),
-        (g.lora is not None, "LoRA runs (grpo.lora)"), (g.router_replay, "MoE router replay"),
-        (cfg.engine_dtype != "model", "engine_dtype other than model")) if bad]
+        (g.router_replay, "MoE router replay"),
+        (cfg.engine_dtype != "model", "engine_dtype other than model (vLLM's dtype is the model's)")) if bad]
     if unsupported:
-        raise ValueError(f"engine_backend vllm does not run {unsupported[0]} yet")
-    return VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, seed=cfg.seed)
+        raise ValueError(f"engine_backend vllm does not run {unsupported[0]}")
+    engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, seed=cfg.seed,
+                              lora=adapter_config(model) if g.lora is not None else None)
+    if g.lora is not None:           # the served adapter is the model's from the start (init_adapter too)
+        engine.load_weights(model.state_dict(), version=0)
+    return engine
 
 
 def _heldout(env, cfg: TrainConfig) -> list:
@@ -289,7 +300,7 @@ def _make_source(run: Run):
     task_seed = functools.partial(step_seed, cfg.seed)
     sampler = run.task_source or (lambda step: run.env.sample_tasks(g.prompts_per_step, "train", seed=task_seed(step)))
     params_at = lambda step: SamplingParams(**{**params.__dict__, "seed": task_seed(step)})  # noqa: E731
-    return _rollout_source(cfg, run.model, run.engine, run.tok, run.env, sampler, params_at)
+    return _rollout_source(cfg, run.model, run.engine, run.tok, run.env, sampler, params_at, run.model_path)
 
 
 def evaluate_base(run: Run, progress: bool) -> None:

@@ -14,6 +14,7 @@ A collector that dies or stalls does not leave the trainer waiting: `next` raise
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import threading
@@ -63,17 +64,20 @@ def _put(out, item, stop) -> None:
 
 def collector_loop(engine: Engine, tok, env: Environment, tasks: TaskSampler, group: int,
                    params: Callable[[int], SamplingParams], max_turns: int, refresh: Callable[[], None],
-                   out, stop) -> None:
+                   out, stop, engine_lock=contextlib.nullcontext()) -> None:
     """The collector's body, the same in a thread and in a process: take the newest weights
     (`refresh`), generate a step's batch, queue it as ("batch", RolloutBatch); until `stop` is
-    set. An exception is queued as ("error", message), never swallowed."""
+    set. An exception is queued as ("error", message), never swallowed. `engine_lock` is held
+    while the engine is used (an engine the driver evaluates with too)."""
     step = 0
     try:
         while not stop.is_set():
             step += 1
-            refresh()
-            rollouts, stats = collect(engine, tok, env, tasks(step), group, params(step), max_turns=max_turns)
-            _put(out, ("batch", RolloutBatch(step, rollouts, stats, versions=[engine.version])), stop)
+            with engine_lock:
+                refresh()
+                rollouts, stats = collect(engine, tok, env, tasks(step), group, params(step), max_turns=max_turns)
+                version = engine.version
+            _put(out, ("batch", RolloutBatch(step, rollouts, stats, versions=[version])), stop)
     except BaseException as exc:  # noqa: BLE001 - handed to the trainer
         _put(out, ("error", f"{type(exc).__name__}: {exc}"), stop)
 
@@ -133,17 +137,23 @@ class SyncSource:
 
 
 class AsyncSource:
-    """Off-policy by at most `max_staleness` versions: a collector thread runs ahead."""
+    """Off-policy by at most `max_staleness` versions: a collector thread runs ahead, on its own
+    copy of the model, or on an `engine` given (one in its own process, such as vLLM, that the
+    driver evaluates with too: `evaluate` waits for the collector's batch and loads the newest
+    weights first)."""
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
                  backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False,
-                 dtype: str = "model") -> None:
+                 dtype: str = "model", engine=None) -> None:
         if max_staleness < 1:
             raise ValueError("AsyncSource needs max_staleness >= 1 (0 is the synchronous mode)")
-        gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
-                             record_routing=record_routing)
+        if engine is None:
+            gen_model = copy.deepcopy(model).eval().requires_grad_(False)
+            engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
+                            record_routing=record_routing)
+        self.engine = engine
+        self._engine_lock = threading.Lock()
         self.tok, self.env, self.tasks, self.group = tok, env, tasks, group
         self.params, self.max_turns = params, max_turns
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
@@ -154,7 +164,8 @@ class AsyncSource:
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=collector_loop, name="rollout-collector", daemon=True,
-            args=(self.engine, tok, env, tasks, group, params, max_turns, self._refresh, self._queue, self._stop))
+            args=(self.engine, tok, env, tasks, group, params, max_turns, self._refresh, self._queue, self._stop,
+                  self._engine_lock))
         self._thread.start()
 
     def _refresh(self) -> None:
@@ -162,6 +173,13 @@ class AsyncSource:
             pending, self._pending = self._pending, None
         if pending is not None:
             self.engine.load_weights(pending[1], version=pending[0])
+
+    def evaluate(self, tasks: list[Task], n: int, params: SamplingParams) -> tuple[list[Rollout], RolloutStats]:
+        """Episodes of `tasks` on the collector's engine with the newest published weights (an
+        evaluation's collector: evaluation.evaluate(collector=...))."""
+        with self._engine_lock:
+            self._refresh()
+            return collect(self.engine, self.tok, self.env, tasks, n, params, max_turns=self.max_turns)
 
     def next(self, step: int) -> RolloutBatch:
         return next_fresh(self._queue.get, lambda: None if self._thread.is_alive() else "its thread exited",

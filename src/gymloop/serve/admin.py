@@ -21,8 +21,10 @@ async def dashboard_json(svc: Services = Depends(services)):
 
 
 async def healthz(svc: Services = Depends(services)):
+    engine = svc.batcher.engine
     return {"status": "ok", "model": svc.name, "model_version": svc.batcher.version,
-            "job_worker": svc.worker is not None}
+            "job_worker": svc.worker is not None, "engine": engine.backend_name,
+            "engine_restarts": getattr(engine, "restarts", 0)}
 
 
 async def prom(svc: Services = Depends(services)):

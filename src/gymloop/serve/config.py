@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import EngineDtype
 
@@ -29,6 +31,12 @@ class ServeConfig(BaseModel):
     engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own) "
         "or bfloat16 (cast copies, remade at each promotion; 2-3x faster prefill on CPUs with AMX).")
+    engine_backend: Literal["auto", "llama", "hf", "vllm"] = Field(
+        "auto", description="What generates the served model's answers: gymloop's engine (auto, llama, hf) or vllm "
+        "(a vLLM server in its own process and venv, `make vllm`, started with the server and again if it dies; a "
+        "promotion is a weight load into it). Fine-tuned models served on demand run on gymloop's engine.")
+    vllm_url: str | None = Field(None, description="engine_backend vllm: a running vLLM server (started with "
+                                 "gymloop's worker extension) to use instead of starting one.")
     max_wait_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
     threads: int = Field(1, ge=1, description="torch CPU threads (`gymloop serve` sets them for the process).")
     poll_s: float = Field(1.0, gt=0, description="How often the store is checked for a newly promoted version.")
@@ -45,6 +53,12 @@ class ServeConfig(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="Fine-tuning checkpoint interval in steps (0: every epoch).")
     max_loaded_mb: int = Field(2048, ge=1, description="Memory budget of fine-tuned models served on demand "
                                "(least recently used ones are unloaded).")
+
+    @model_validator(mode="after")
+    def _vllm_dtype(self) -> "ServeConfig":
+        if self.engine_backend == "vllm" and self.engine_dtype != "model":
+            raise ValueError("engine_dtype applies to gymloop's engine; vLLM computes in the model's dtype")
+        return self
 
     def default_jobs_dir(self) -> Path:
         """ft-jobs/ beside a SQLite store's file; with a PostgreSQL store, ./ft-jobs."""

