@@ -158,11 +158,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--grpo-steps", type=int, default=6)
     ap.add_argument("--skip-grpo", action="store_true")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated; empty: no generation runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows, startups = [], {}
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):
         got, startups[name] = generation(name, args.repeats)
         rows += got
     table = [["model", "workload", "batch", "native tok/s", "vLLM tok/s", "generate tok/s", "vLLM / native"]]
