@@ -72,6 +72,26 @@ def test_n_samples_a_group_with_logprobs_plain_and_streamed(server, client):
     assert [c["message"]["content"] for c in stored] == [texts[i] for i in range(3)]
 
 
+def test_token_ids_for_rl_drivers_are_the_ones_sampled(server, client, tok):
+    """vLLM's `return_token_ids`, which RL drivers (verifiers, NeMo RL) read instead of
+    re-tokenizing: the rendered prompt's ids and each choice's sampled ids, one log-prob each."""
+    msgs = [{"role": "user", "content": "3+4="}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, n=3, seed=2,
+                                       logprobs=True, extra_body={"return_token_ids": True})
+    extra = r.model_extra
+    assert extra["prompt_token_ids"] == tok.prompt_ids(msgs)
+    for c in r.choices:
+        ids = c.model_extra["token_ids"]
+        assert len(ids) == len(c.logprobs.content) and len(ids) > 0
+        assert tok.decode(ids) == c.message.content or tok.decode(ids).startswith(c.message.content)
+    assert r.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in r.choices)
+    plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    assert "prompt_token_ids" not in (plain.model_extra or {}) and "token_ids" not in (plain.choices[0].model_extra or {})
+    c = client.completions.create(model="tiny", prompt="12+30=", max_tokens=4, extra_body={"return_token_ids": True})
+    assert c.choices[0].model_extra["prompt_token_ids"] == tok.encode("12+30=")
+    assert tok.decode(c.choices[0].model_extra["token_ids"]).startswith(c.choices[0].text)
+
+
 def test_completions_raw_text_with_logprobs(server, client):
     """/v1/completions: the prompt is raw text (no chat template), n samples with their tokens'
     log-probs and the top-k per position, one trace."""

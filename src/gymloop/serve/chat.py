@@ -96,6 +96,9 @@ class ChatRequest(BaseModel):
                            "temperature's distribution, as the engine samples and a trainer recomputes).")
     top_logprobs: json_int(0, 20) | None = Field(None, description="With logprobs: also the k most likely tokens "
                                      "at each position.")
+    return_token_ids: bool = Field(False, description="vLLM's extension, which RL drivers read: the prompt's token "
+                                   "ids (`prompt_token_ids`) and each choice's sampled ids (`choices[].token_ids`), "
+                                   "so whoever trains on them never re-tokenizes.")
 
 
 def _token_entry(tok: ChatTokenizer, token_id: int, logprob: float) -> dict:
@@ -142,7 +145,8 @@ def choice(p: Prepared, gen, index: int) -> dict:
     message = {"role": "assistant", "content": content, "refusal": None, **({"tool_calls": calls} if calls else {})}
     finish = "tool_calls" if calls else "stop" if gen.finish_reason == "stop" else "length"
     return {"index": index, "message": message, "finish_reason": finish,
-            "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None}
+            "logprobs": token_logprobs(p.tok, gen) if p.req.logprobs else None,
+            **({"token_ids": list(gen.token_ids)} if p.req.return_token_ids else {})}
 
 
 async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[dict, str]:
@@ -153,7 +157,8 @@ async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[
     body = {"id": p.cid, "object": "chat.completion", "created": p.created, "model": p.name,
             "system_fingerprint": f"gymloop-v{version}", "model_version": version,
             "choices": [choice(p, g, i) for i, g in enumerate(gens)],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+            **({"prompt_token_ids": list(p.prompt)} if p.req.return_token_ids else {})}
     return body, await commit_trace(svc, p, body, version, n_gen)
 
 

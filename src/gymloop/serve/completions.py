@@ -37,6 +37,8 @@ class CompletionRequest(BaseModel):
     seed: json_int(-2**63, 2**63 - 1) | None = Field(None, description="Sampling seed (OpenAI's int64 range).")
     logprobs: json_int(0, 5) | None = Field(None, description="Log-probs of each generated token, and of the "
                                               "k most likely tokens at each position.")
+    return_token_ids: bool = Field(False, description="vLLM's extension: each choice's `prompt_token_ids` and "
+                                   "sampled `token_ids`, so whoever trains on them never re-tokenizes.")
     stream: Annotated[StrictBool, AfterValidator(_not_streamed), WithJsonSchema({"type": "boolean", "const": False})] = \
         Field(False, description="Not offered here (false only): stream with /v1/chat/completions.")
 
@@ -66,8 +68,9 @@ async def _prepare(svc: Services, req: CompletionRequest, who: Caller) -> Prepar
 
 
 def _choice(p: Prepared, gen, index: int) -> dict:
+    ids = {"prompt_token_ids": list(p.prompt), "token_ids": list(gen.token_ids)} if p.req.return_token_ids else {}
     return {"index": index, "text": reply_text(p, gen), "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
-            "logprobs": None if p.req.logprobs is None else _logprobs(p.tok, gen, p.req.logprobs)}
+            "logprobs": None if p.req.logprobs is None else _logprobs(p.tok, gen, p.req.logprobs), **ids}
 
 
 async def completions(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
