@@ -12,7 +12,8 @@ INSTALL := $(PIP) install -c $(LOCK)
 # Steady CPU timings: OpenMP threads sleep instead of spinning (spinning threads made 2-core timings swing).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv
+.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv \
+	openenv openenv-lock
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -95,7 +96,19 @@ agent: $(VENV)/.bench
 	$(VENV)/bin/gymloop demo --only agent
 
 # Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier.
-test: $(VENV)/.dev $(VLLM_VENV)/.ok
+# The ecosystems' environment runtimes, each its own venv from runtimes/<name>/requirements.lock
+# (their pins clash with gymloop's and each other's): `gymloop envs install NAME` builds one.
+ENV_RUNTIMES := openenv
+$(ENV_RUNTIMES:%=.venv-%/.ok): .venv-%/.ok: runtimes/%/requirements.lock $(VENV)/.core
+	$(VENV)/bin/gymloop envs install $*
+
+$(ENV_RUNTIMES): %: .venv-%/.ok
+
+# Regenerate a runtime's lock: resolve its packages afresh in a scratch venv.
+$(ENV_RUNTIMES:%=%-lock): %-lock: $(VENV)/.core
+	$(PY) -m gymloop.runtimes lock $*
+
+test: $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
 	$(PY) -m pytest -q tests
 
 # Fast unit tests with tiny models (under 2 minutes).
@@ -103,11 +116,11 @@ test-fast: $(VENV)/.dev
 	$(PY) -m pytest -q tests/unit
 
 # The real thing: servers, clients, the sandbox, the store on PostgreSQL, subprocesses.
-test-integration: $(VENV)/.dev $(VLLM_VENV)/.ok
+test-integration: $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
 	$(PY) -m pytest -q tests/integration
 
 # Whole loops, Ray clusters and fleets, crashes and restarts.
-test-e2e: $(VENV)/.dev
+test-e2e: $(VENV)/.dev $(VLLM_VENV)/.ok
 	$(PY) -m pytest -q tests/e2e
 
 bench: $(VENV)/.bench
@@ -127,4 +140,4 @@ lock:
 	rm -rf .lock-venv
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(ENV_RUNTIMES:%=.venv-%)

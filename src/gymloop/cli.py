@@ -414,6 +414,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
             origin = "" if e.source == "builtin" else f"  [{e.source}]"
             print(f"{e.name:<14} {e.description}{origin}")
         return 0
+    if args.envs_command == "install":
+        from .runtimes import install
+
+        print(install(args.runtime, args.with_ or []))
+        return 0
     if args.envs_command == "load":
         from .envs.jsonl import load_tasks
 
@@ -653,6 +658,14 @@ def _environment_commands(sub) -> None:
                     "environment such as swe)")
     va.add_argument("--options", default="{}", help="JSON object of environment options")
     va.set_defaults(fn=cmd_envs)
+    ins = evs.add_parser("install", help="build an ecosystem's runtime (its own venv, from its lock) for its "
+                         "environments; prints its python")
+    from .runtimes import ENVIRONMENT_RUNTIMES
+
+    ins.add_argument("runtime", choices=ENVIRONMENT_RUNTIMES)
+    ins.add_argument("--with", dest="with_", action="append", help="also install this package or path (your "
+                     "environment) into it, constrained by the lock (repeatable)")
+    ins.set_defaults(fn=cmd_envs)
     lo = evs.add_parser("load", help="check a JSONL task file (errors name the line)")
     lo.add_argument("file")
     lo.set_defaults(fn=cmd_envs)

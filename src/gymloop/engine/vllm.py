@@ -39,9 +39,7 @@ import torch
 
 from .sampling import Generation, GenerationBatch, SamplingParams
 
-PYTHON_ENV = "GYMLOOP_VLLM_PYTHON"
-# src/gymloop/engine -> the checkout, where `make vllm` builds the runtime
-DEFAULT_RUNTIME = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+PYTHON_ENV = "GYMLOOP_VLLM_PYTHON"           # gymloop.runtimes.env_var("vllm")
 EXTENSION = "gymloop_vllm_worker.WeightLoader"
 log = logging.getLogger("gymloop.vllm")
 
@@ -54,10 +52,12 @@ class VLLMError(RuntimeError):
 
 def runtime_python() -> Path:
     """The python of vLLM's runtime venv; a one-line error naming the command that builds it."""
-    python = Path(os.environ.get(PYTHON_ENV) or DEFAULT_RUNTIME)
-    if not python.exists():
-        raise VLLMError(f"vLLM's runtime is not installed ({python}): run `make vllm`, or set {PYTHON_ENV}")
-    return python
+    from ..runtimes import RuntimeMissing, python
+
+    try:
+        return python("vllm")
+    except RuntimeMissing as exc:
+        raise VLLMError(str(exc)) from None
 
 
 def free_port() -> int:

@@ -57,6 +57,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("swe", _lazy("..swe.env", "make_swe"),
              "fix a real bug in a real repository with tools (SWE-bench format: tasks: FILE, repos: DIR); "
              "the project's own tests decide, in the sandbox"),
+    EnvEntry("openenv", _lazy(".openenv", "make_openenv"),
+             "an OpenEnv server, unchanged (app: module:app, or url), in OpenEnv's runtime; the return is the reward "
+             "(`gymloop envs install openenv`)"),
     EnvEntry("humaneval", _lazy(".humaneval", "make_humaneval"), "the 164 HumanEval problems, their own tests in the sandbox"),
     EnvEntry("reasoning_gym", _lazy(".reasoning_gym", "make_reasoning_gym"),
              "any reasoning-gym dataset (dataset: NAME), scored by its own scorer"),
@@ -68,7 +71,7 @@ BUILTIN: tuple[EnvEntry, ...] = (
 )
 
 # built-ins that build only from a file (options path: ...); `validate all` skips them
-NEEDS_FILE = ("jsonl", "graded", "swe")     # swe: the tasks `gymloop swe build` makes
+NEEDS_FILE = ("jsonl", "graded", "swe", "openenv")   # swe: the tasks `gymloop swe build` makes; openenv: a server
 
 
 class Registry:

@@ -83,10 +83,12 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
     params = SamplingParams(**{**params.__dict__, "stop_token_ids": eos})
     rollouts = []
     for task in tasks:
-        msgs = env.reset(task)
-        pids = tok.prompt_ids(msgs, tools=env.tools(task))
+        tools = env.tools(task)
         for _ in range(n_per_task):
-            rollouts.append(Rollout(task=task, prompt_ids=pids, messages=[dict(m) for m in msgs],
+            # each episode its own reset: an environment with state on its side (a session of a peer's
+            # server) keeps one per episode, and the group's prompts are equal all the same
+            msgs = env.reset(task)
+            rollouts.append(Rollout(task=task, prompt_ids=tok.prompt_ids(msgs, tools=tools), messages=[dict(m) for m in msgs],
                                     version=engine.version))
     # an episode never grows past the model's context: one that has no room left for a token is
     # truncated, and a turn generates at most what the fullest episode of the batch has room for

@@ -1,0 +1,131 @@
+"""gymloop's bridge to an OpenEnv server, run by OpenEnv's runtime python (its own venv), so it
+imports nothing of gymloop: OpenEnv's own client (`GenericEnvClient`, one WebSocket session per
+episode) speaks to the server, and gymloop speaks to this process in JSON lines.
+
+    python -P openenv_bridge.py (--app module:app [--path DIR] [--sessions N] | --url URL)
+
+With --app it serves the environment's own app (`create_app(...)`, unchanged; with --sessions,
+rebuilt by the same create_app allowing N concurrent sessions) with uvicorn in a thread on loopback. Then it prints {"ready": true, "url": ...} and answers each request line,
+{"id", "op": open|reset|step|close|schema, "session", ...}, with {"id", "ok": true, ...} or
+{"id", "ok": false, "error": ...}; requests run concurrently.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+
+def build_app(ref: str, sessions: int | None):
+    """The app `module:app` names; with `sessions`, the same environment served by OpenEnv's own
+    create_app allowing that many concurrent sessions (from the Environment, Action and Observation
+    classes the app's module imports; OpenEnv refuses it for an environment that does not declare
+    SUPPORTS_CONCURRENT_SESSIONS)."""
+    module_name, _, attr = ref.partition(":")
+    module = importlib.import_module(module_name)
+    app = getattr(module, attr or "app")
+    if not sessions:
+        return app
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation
+
+    def one(base):
+        found = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, base) and v is not base}
+        if len(found) != 1:
+            raise RuntimeError(f"sessions needs {module_name} to import exactly one {base.__name__} subclass, "
+                               f"found {sorted(c.__name__ for c in found) or 'none'}")
+        return found.pop()
+
+    return create_app(one(Environment), one(Action), one(Observation), max_concurrent_envs=sessions)
+
+
+def serve_app(ref: str, sessions: int | None = None) -> str:
+    """Run `module:app` under uvicorn in a thread on a free loopback port; its URL once /health answers."""
+    import uvicorn
+
+    app = build_app(ref, sessions)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="websockets"))
+    threading.Thread(target=server.run, daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).close()
+            return url
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{ref} did not answer {url}/health within 60 s")
+
+
+def result(r) -> dict:
+    return {"observation": r.observation, "reward": r.reward, "done": bool(r.done)}
+
+
+async def handle(req: dict, url: str, sessions: dict) -> dict:
+    from openenv.core import GenericEnvClient
+
+    op, sid = req["op"], req.get("session")
+    if op == "open":
+        client = GenericEnvClient(base_url=url)
+        await client.connect()
+        sessions[sid] = client
+        return {}
+    if op == "reset":
+        return result(await sessions[sid].reset(**req.get("kwargs", {})))
+    if op == "step":
+        return result(await sessions[sid].step(req["action"]))
+    if op == "close":
+        client = sessions.pop(sid, None)
+        if client is not None:
+            await client.close()
+        return {}
+    if op == "schema":
+        return await asyncio.to_thread(lambda: json.load(urllib.request.urlopen(url + "/schema", timeout=30)))
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--app")
+    ap.add_argument("--path", action="append", default=[])
+    ap.add_argument("--url")
+    ap.add_argument("--sessions", type=int)
+    args = ap.parse_args()
+    sys.path[:0] = args.path
+    url = serve_app(args.app, args.sessions) if args.app else args.url.rstrip("/")
+    out, lock = sys.stdout, threading.Lock()
+    sys.stdout = sys.stderr                  # what the environment prints stays off the protocol
+
+    def reply(obj: dict) -> None:
+        with lock:
+            out.write(json.dumps(obj) + "\n")
+            out.flush()
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    sessions: dict = {}
+
+    async def run(req: dict) -> None:
+        try:
+            reply({"id": req["id"], "ok": True, **await handle(req, url, sessions)})
+        except Exception as exc:  # noqa: BLE001 - the environment's error, sent to gymloop
+            reply({"id": req["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    reply({"ready": True, "url": url})
+    for line in sys.stdin:
+        if line.strip():
+            asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
+
+
+if __name__ == "__main__":
+    main()
