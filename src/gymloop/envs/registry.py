@@ -57,6 +57,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("swe", _lazy("..swe.env", "make_swe"),
              "fix a real bug in a real repository with tools (SWE-bench format: tasks: FILE, repos: DIR); "
              "the project's own tests decide, in the sandbox"),
+    EnvEntry("nemo_gym", _lazy(".nemo_gym", "make_nemo_gym"),
+             "a NeMo Gym resources server, unchanged (server: module:Class, or url), in NeMo Gym's runtime; its "
+             "/verify is the reward (`gymloop envs install nemo-gym`)"),
     EnvEntry("openenv", _lazy(".openenv", "make_openenv"),
              "an OpenEnv server, unchanged (app: module:app, or url), in OpenEnv's runtime; the return is the reward "
              "(`gymloop envs install openenv`)"),
@@ -71,7 +74,7 @@ BUILTIN: tuple[EnvEntry, ...] = (
 )
 
 # built-ins that build only from a file (options path: ...); `validate all` skips them
-NEEDS_FILE = ("jsonl", "graded", "swe", "openenv")   # swe: the tasks `gymloop swe build` makes; openenv: a server
+NEEDS_FILE = ("jsonl", "graded", "swe", "openenv", "nemo_gym")   # swe: the tasks `gymloop swe build` makes; openenv: a server
 
 
 class Registry:

@@ -1,0 +1,144 @@
+"""NeMo Gym resources servers through gymloop, for real: examples that ship inside the nemo-gym
+wheel (with their data), served unchanged from NeMo Gym's runtime (`make nemo-gym`), gymloop as
+the agent. The server's verify scores gymloop's episodes exactly as when called directly; gold and
+wrong episodes of example_multi_step score 1 and 0; a GRPO run trains on example_single_tool_call;
+bad options, a missing runtime and a dead server are clear errors, never a reward of 0."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from gymloop import runtimes
+from gymloop.envs import make_env
+from gymloop.envs.base import play, play_turns
+from gymloop.models.toolcalls import format_call
+
+MULTI = "resources_servers.example_multi_step.app:ExampleMultiStepResourcesServer"
+SINGLE = "resources_servers.example_single_tool_call.app:SimpleWeatherResourcesServer"
+
+
+def needs_nemo_gym() -> None:
+    """Skip without NeMo Gym's runtime, except in CI, which builds it (make test runs make nemo-gym)."""
+    try:
+        runtimes.python("nemo-gym")
+    except runtimes.RuntimeMissing as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def multi():
+    needs_nemo_gym()
+    env = make_env("nemo_gym", server=MULTI)
+    yield env
+    env.close()
+
+
+def gold(row: dict) -> list[str]:
+    return [format_call("get_synonym_value", {"synonym": s}) for s in row["expected_synonyms"]] + [
+        format_call("extract_synonym_values", {"synonym_values": row["expected_synonym_values"]}), "Done."]
+
+
+def direct_verify(row: dict, response: dict) -> dict:
+    """The server's own verify, called in its runtime on the class itself (no HTTP, no gymloop)."""
+    script = f"""
+import asyncio, json, sys
+from unittest.mock import MagicMock
+from nemo_gym.server_utils import ServerClient
+from resources_servers.example_multi_step.app import (ExampleMultiStepResourcesServer as S,
+    ExampleMultiStepResourcesServerConfig as C, ExampleMultiStepVerifyRequest as R)
+server = S(config=C(host="127.0.0.1", port=0, entrypoint="", name=""), server_client=MagicMock(spec=ServerClient))
+got = asyncio.run(server.verify(R.model_validate(json.loads(sys.stdin.read()))))
+print(json.dumps(got.model_dump(mode="json")))
+"""
+    out = subprocess.run([str(runtimes.python("nemo-gym")), "-c", script], input=json.dumps({**row, "response": response}),
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_gold_and_wrong_episodes_score_as_the_servers_own_verify_says(multi, monkeypatch):
+    import gymloop.envs.nemo_gym as ng
+
+    sent = []
+    real = ng.response_of
+    monkeypatch.setattr(ng, "response_of", lambda *a: sent.append(real(*a)) or sent[-1])
+    for task in multi.tasks:
+        row = multi.row(task)
+        wrong = [format_call("extract_synonym_values", {"synonym_values": row["expected_synonym_values"][::-1] + [1]}),
+                 "Done."]
+        for turns, expected in ((gold(row), 1.0), (wrong, 0.0)):
+            _, score = play(multi, task, turns)
+            own = direct_verify(row, sent[-1])
+            assert score.reward == own["reward"] == expected
+            assert score.components["set_overlap"] == own["set_overlap"]
+            assert score.components["accuracy"] == float(own["accuracy"])
+
+
+def test_tool_calls_reach_the_server_and_its_answers_the_model(multi):
+    task = multi.tasks[0]
+    row = multi.row(task)
+    messages = play_turns(multi, task, gold(row)[:1] + ["Done."])
+    tool = [m for m in messages if m["role"] == "tool"][0]
+    assert json.loads(tool["content"]) == {"synonym_value": sum(map(ord, row["expected_synonyms"][0]))}
+    assert multi.tools(task)[0]["function"]["name"] == "get_synonym_value"
+    assert messages[0]["role"] == "system"                 # the row's input, as NeMo Gym wrote it
+    multi.verify(task, messages)
+
+
+def test_validate_says_there_is_no_gold_reply(capsys):
+    from gymloop.cli import main
+
+    needs_nemo_gym()
+    assert main(["envs", "validate", "nemo_gym", "--options", json.dumps({"server": MULTI}), "--n", "2"]) != 0
+    assert "no gold replies" in capsys.readouterr().err
+
+
+def test_grpo_trains_on_an_example(tmp_path, tok):
+    """A few GRPO steps on example_single_tool_call, every episode through the server."""
+    from conftest import tiny_llama
+    from gymloop.config import TrainConfig
+    from gymloop.models.checkpoint import save_model
+    from gymloop.orchestrator.train import train
+    from gymloop.tracking.run_dir import read_metrics
+
+    needs_nemo_gym()
+    model = save_model(tiny_llama(tok.vocab_size, seed=4, positions=2048), tok, tmp_path / "tiny")
+    cfg = TrainConfig.model_validate({
+        "model": str(model), "run_dir": str(tmp_path / "runs"),
+        "env": {"name": "nemo_gym", "options": {"server": SINGLE, "heldout_fraction": 0.4}, "max_turns": 2},
+        "sampling": {"max_new_tokens": 8},
+        "grpo": {"steps": 2, "prompts_per_step": 2, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
+        "eval": {"tasks": 2, "every": 0, "max_new_tokens": 8}})
+    summary = train(cfg, progress=False, echo=lambda m: None)
+    trained = [r for r in read_metrics(summary["run_dir"]) if r.get("kind") == "train"]
+    assert len(trained) == 2 and all(r["errors"] == 0 for r in trained)
+
+
+def test_bad_options_a_missing_runtime_and_a_dead_server_are_clear_errors(monkeypatch):
+    from gymloop.envs.nemo_gym import NemoGymError
+
+    with pytest.raises(ValueError, match="one of options server"):
+        make_env("nemo_gym")
+    with pytest.raises(ValueError, match="module:Class"):
+        make_env("nemo_gym", server="resources_servers.example_multi_step")
+    needs_nemo_gym()
+    with pytest.raises(NemoGymError, match="(?s)did not start.*No module named 'no_such'"):
+        make_env("nemo_gym", server="no_such.app:Server")
+    env = make_env("nemo_gym", server=MULTI)
+    try:
+        task = env.tasks[0]
+        msgs = env.reset(task)
+        env.process.proc.kill()
+        env.process.proc.wait()
+        msgs.append({"role": "assistant", "content": gold(env.row(task))[0]})
+        with pytest.raises(NemoGymError, match="did not answer"):
+            env.step(task, msgs, msgs[-1]["content"])
+    finally:
+        env.close()
+    monkeypatch.setenv("GYMLOOP_NEMO_GYM_PYTHON", "/no/such/python")
+    with pytest.raises(runtimes.RuntimeMissing, match="run `gymloop envs install nemo-gym`"):
+        make_env("nemo_gym", server=MULTI)
