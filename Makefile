@@ -13,7 +13,7 @@ INSTALL := $(PIP) install -c $(LOCK)
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv \
-	openenv openenv-lock nemo-gym nemo-gym-lock
+	openenv openenv-lock nemo-gym nemo-gym-lock verifiers verifiers-lock
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -98,7 +98,7 @@ agent: $(VENV)/.bench
 # Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier.
 # The ecosystems' environment runtimes, each its own venv from runtimes/<name>/requirements.lock
 # (their pins clash with gymloop's and each other's): `gymloop envs install NAME` builds one.
-ENV_RUNTIMES := openenv nemo-gym
+ENV_RUNTIMES := openenv nemo-gym verifiers
 $(ENV_RUNTIMES:%=.venv-%/.ok): .venv-%/.ok: runtimes/%/requirements.lock $(VENV)/.core
 	$(VENV)/bin/gymloop envs install $*
 

@@ -9,6 +9,7 @@ at another runtime's python instead.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +38,10 @@ RUNTIMES: dict[str, Runtime] = {
     "openenv": Runtime("openenv", ("openenv-core==0.3.0",), "gymloop envs install openenv"),
     # nemo-gym 0.5+ needs Python >= 3.13.14; 0.4.0 runs on 3.12
     "nemo-gym": Runtime("nemo-gym", ("nemo-gym==0.4.0",), "gymloop envs install nemo-gym", "python3.12"),
+    # 0.3.1: the last release with the v0 Environment API (0.4.0 is the v1 API only)
+    "verifiers": Runtime("verifiers", ("verifiers==0.3.1",), "gymloop envs install verifiers"),
 }
-ENVIRONMENT_RUNTIMES = ("openenv", "nemo-gym")          # what `gymloop envs install` builds
+ENVIRONMENT_RUNTIMES = ("openenv", "nemo-gym", "verifiers")          # what `gymloop envs install` builds
 
 
 class RuntimeMissing(RuntimeError):
@@ -115,6 +119,69 @@ class Process:
                 self.proc.kill()
                 self.proc.wait()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+class Channel:
+    """A bridge script in a runtime and its JSON-lines protocol: `call(op, ...)` sends
+    {"id", "op", ...} and waits for the answer with that id ({"ok": true, ...} or {"ok": false,
+    "error"}); requests may overlap. Every failure is `error(message)`: an exited bridge, an
+    answer that did not come in `timeout_s`, an error answer."""
+
+    def __init__(self, runtime: str, script: Path, args: list[str], timeout_s: float, what: str,
+                 error: type[Exception] = RuntimeError) -> None:
+        self.timeout_s, self.what, self.error = timeout_s, what, error
+        try:
+            self.process = Process(runtime, script, args, max(timeout_s, 120))
+        except RuntimeMissing:
+            raise
+        except RuntimeError as exc:
+            raise error(f"{what} did not start: {exc}") from None
+        self.proc, self.ready = self.process.proc, self.process.ready
+        self._ids = itertools.count()
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name=f"{runtime}-bridge", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self._lock:
+                fut = self._pending.pop(msg["id"], None)
+            if fut is not None:
+                fut.set_result(msg)
+        why = self.error(f"{self.what}'s bridge exited ({self.proc.wait()}); its log ends:\n{self.process.log_tail()}")
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            fut.set_exception(why)
+
+    def send(self, op: str, **fields) -> Future:
+        """Send a request; its answer's future (the raw answer, ok or not)."""
+        i, fut = next(self._ids), Future()
+        with self._lock:
+            if self.proc.poll() is not None:
+                raise self.error(f"{self.what}'s bridge exited ({self.proc.returncode}); its log ends:\n"
+                                 f"{self.process.log_tail()}")
+            self._pending[i] = fut
+            self.proc.stdin.write(json.dumps({"id": i, "op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+        return fut
+
+    def result(self, op: str, fut: Future, hint=lambda error: "") -> dict:
+        """The answer of a sent request; an error answer is `error` (with `hint(error)` added)."""
+        try:
+            answer = fut.result(timeout=self.timeout_s)
+        except TimeoutError:
+            raise self.error(f"{self.what} did not answer {op} within {self.timeout_s:.0f} s") from None
+        if not answer["ok"]:
+            raise self.error(f"{self.what} failed {op}: {answer['error']}{hint(answer['error'])}")
+        return answer
+
+    def call(self, op: str, hint=lambda error: "", **fields) -> dict:
+        return self.result(op, self.send(op, **fields), hint)
+
+    def close(self) -> None:
+        self.process.close()
 
 
 def install(name: str, extra: list[str] = (), say=print) -> Path:

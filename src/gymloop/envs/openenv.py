@@ -15,12 +15,9 @@ or bridge that fails or times out is an error, never a reward of 0.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import random
-import threading
 import uuid
-from concurrent.futures import Future
 from pathlib import Path
 
 from .. import runtimes
@@ -37,67 +34,24 @@ class OpenEnvError(RuntimeError):
     user_facing = True
 
 
-class Bridge:
-    """The bridge process and its JSON-lines protocol: `call(op, ...)` waits for that request's answer."""
+def capacity_hint(error: str) -> str:
+    """What to do when the server refuses a session: it is at capacity (it answers
+    CAPACITY_REACHED, or closes the new session first)."""
+    if not any(k in error for k in ("CAPACITY_REACHED", "ConnectionClosed")):
+        return ""
+    return ("; if it allows fewer concurrent sessions than episodes in flight (a GRPO step runs prompts_per_step x "
+            "group_size at once), give option sessions (served with that many) or run the server with a larger "
+            "max_concurrent_envs")
 
-    def __init__(self, app: str | None, paths: list[str], url: str | None, timeout_s: float,
-                 sessions: int | None = None) -> None:
-        self.timeout_s = timeout_s
-        args = (["--app", app] + (["--sessions", str(sessions)] if sessions else [])) if app else ["--url", url]
-        for p in paths:
-            args += ["--path", str(Path(p).resolve())]
-        try:
-            self.process = runtimes.Process("openenv", Path(__file__).with_name("openenv_bridge.py"), args,
-                                            max(timeout_s, 120))
-        except RuntimeError as exc:
-            if isinstance(exc, runtimes.RuntimeMissing):
-                raise
-            raise OpenEnvError(f"the OpenEnv server did not start ({app or url}): {exc}") from None
-        self.proc, self.url = self.process.proc, self.process.ready["url"]
-        self._ids = itertools.count()
-        self._pending: dict[int, Future] = {}
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, name="openenv-bridge", daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self._lock:
-                fut = self._pending.pop(msg["id"], None)
-            if fut is not None:
-                fut.set_result(msg)
-        why = OpenEnvError(f"the OpenEnv bridge exited ({self.proc.wait()}); its log ends:\n{self.log_tail()}")
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            fut.set_exception(why)
-
-    def log_tail(self) -> str:
-        return self.process.log_tail()
-
-    def call(self, op: str, **fields) -> dict:
-        i, fut = next(self._ids), Future()
-        with self._lock:
-            if self.proc.poll() is not None:
-                raise OpenEnvError(f"the OpenEnv bridge exited ({self.proc.returncode}); its log ends:\n{self.log_tail()}")
-            self._pending[i] = fut
-            self.proc.stdin.write(json.dumps({"id": i, "op": op, **fields}) + "\n")
-            self.proc.stdin.flush()
-        try:
-            answer = fut.result(timeout=self.timeout_s)
-        except TimeoutError:
-            raise OpenEnvError(f"the OpenEnv server did not answer {op} within {self.timeout_s:.0f} s") from None
-        if not answer["ok"]:
-            # a server at capacity answers CAPACITY_REACHED, or closes the new session first
-            hint = ("; if it allows fewer concurrent sessions than episodes in flight (a GRPO step runs "
-                    "prompts_per_step x group_size at once), give option sessions (served with that many) or run "
-                    "the server with a larger max_concurrent_envs"
-                    if any(k in answer["error"] for k in ("CAPACITY_REACHED", "ConnectionClosed")) else "")
-            raise OpenEnvError(f"the OpenEnv server failed {op}: {answer['error']}{hint}")
-        return answer
-
-    def close(self) -> None:
-        self.process.close()
+def bridge(app: str | None, paths: list[str], url: str | None, timeout_s: float,
+           sessions: int | None = None) -> runtimes.Channel:
+    """openenv_bridge.py in OpenEnv's runtime, serving `app` or connected to `url`."""
+    args = (["--app", app] + (["--sessions", str(sessions)] if sessions else [])) if app else ["--url", url]
+    for p in paths:
+        args += ["--path", str(Path(p).resolve())]
+    return runtimes.Channel("openenv", Path(__file__).with_name("openenv_bridge.py"), args, timeout_s,
+                            f"the OpenEnv server ({app or url})", OpenEnvError)
 
 
 def render(observation: dict) -> str:
@@ -124,7 +78,7 @@ class OpenEnvEnvironment(Environment):
         self.reward_range, self.heldout_fraction = (float(lo), float(hi)), heldout_fraction
         if sessions is not None and (app is None or sessions < 1):
             raise ValueError("openenv option sessions (>= 1) applies to a server gymloop starts (option app)")
-        self.bridge = Bridge(app, [path] if isinstance(path, str) else list(path or []), url, timeout_s, sessions)
+        self.bridge = bridge(app, [path] if isinstance(path, str) else list(path or []), url, timeout_s, sessions)
         try:
             action = self.bridge.call("schema")["action"]
             # every OpenEnv Action has `metadata`; the environment's own fields are the rest
@@ -167,7 +121,7 @@ class OpenEnvEnvironment(Environment):
     def reset(self, task: Task) -> list[dict]:
         sid = uuid.uuid4().hex
         self.bridge.call("open", session=sid)
-        first = self.bridge.call("reset", session=sid, kwargs={"seed": task.info["seed"]})
+        first = self.bridge.call("reset", hint=capacity_hint, session=sid, kwargs={"seed": task.info["seed"]})
         self._episodes[sid] = {"rewards": [], "done": first["done"]}
         return [{"role": "system", "content": self.system},
                 {"role": "user", "content": render(first["observation"]), SESSION: sid}]

@@ -60,6 +60,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("nemo_gym", _lazy(".nemo_gym", "make_nemo_gym"),
              "a NeMo Gym resources server, unchanged (server: module:Class, or url), in NeMo Gym's runtime; its "
              "/verify is the reward (`gymloop envs install nemo-gym`)"),
+    EnvEntry("verifiers", _lazy(".verifiers", "make_verifiers"),
+             "a verifiers environment, unchanged (env: its id, args: load_environment's), in verifiers' runtime; "
+             "its rubric is the reward (`gymloop envs install verifiers --with YOUR_ENV`)"),
     EnvEntry("openenv", _lazy(".openenv", "make_openenv"),
              "an OpenEnv server, unchanged (app: module:app, or url), in OpenEnv's runtime; the return is the reward "
              "(`gymloop envs install openenv`)"),
@@ -74,7 +77,7 @@ BUILTIN: tuple[EnvEntry, ...] = (
 )
 
 # built-ins that build only from a file (options path: ...); `validate all` skips them
-NEEDS_FILE = ("jsonl", "graded", "swe", "openenv", "nemo_gym")   # swe: the tasks `gymloop swe build` makes; openenv: a server
+NEEDS_FILE = ("jsonl", "graded", "swe", "openenv", "nemo_gym", "verifiers")   # swe: the tasks `gymloop swe build` makes; openenv: a server
 
 
 class Registry:
