@@ -138,8 +138,10 @@ def grpo(engine: str, steps: int, run_dir: str) -> dict:
         "model": "smollm2", "name": f"choice-{engine}", "run_dir": run_dir, "env": {"name": "calls"},
         "engine_backend": "vllm" if engine == "vllm" else "auto", "seed": 0,
         "sampling": {"temperature": 1.0, "max_new_tokens": 48},
+        # every group trains (SmolLM2 rarely scores on `calls` from its base): each step then has its
+        # training and weight sync to time, whatever the rewards
         "grpo": {"steps": steps, "prompts_per_step": 4, "group_size": 8, "lr": 1e-5, "warmup_steps": 0,
-                 "drop_zero_signal": True},
+                 "drop_zero_signal": False},
         "eval": {"tasks": 32, "every": 0, "max_new_tokens": 48}})
     t0 = time.perf_counter()
     s = train(cfg, progress=False, echo=lambda m: None)
@@ -159,9 +161,16 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=6)
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated; empty: no generation runs")
+    ap.add_argument("--generation-from", help="an earlier results file of this bench: its generation rows and "
+                    "start-up seconds are kept (with --models ''), so one file holds both parts")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows, startups = [], {}
+    rows, startups, earlier = [], {}, None
+    if args.generation_from:
+        import json
+
+        earlier = json.loads(open(args.generation_from).read())
+        rows, startups = earlier["generation"], earlier["startup_s"]
     for name in filter(None, args.models.split(",")):
         got, startups[name] = generation(name, args.repeats)
         rows += got
@@ -172,6 +181,8 @@ def main() -> None:
     cpu = common.cpu()
     title = (f"Generation tokens/s, one thread each on one core ({cpu.get('model', '?')}), sampling at T=1, median "
              f"of {args.repeats} after a warm-up, the engines' order rotated")
+    if earlier:
+        title += f"; from the run at commit {earlier['meta'].get('commit', '?')} ({args.generation_from.rsplit('/', 1)[-1]})"
     print(common.table(table, title=title))
     st = [["model", "native s", "vLLM s", "generate s"]] + [
         [m, f"{s['native']:.1f}", f"{s['vllm']:.1f}", f"{s['generate']:.1f}"] for m, s in startups.items()]
@@ -189,7 +200,9 @@ def main() -> None:
              f"{r['heldout_before']:.3f} -> {r['heldout_after']:.3f}"] for r in runs]
         print(common.table(gt, title=f"GRPO on SmolLM2-135M-Instruct, `calls`, {args.grpo_steps} steps of 4 prompts "
                                      "x 8 samples, 32 held-out tasks, seed 0, one thread (vLLM's in its process)"))
-    common.save("engines/choice", {"repeats": args.repeats, "generation": rows, "startup_s": startups, "grpo": runs})
+    common.save("engines/choice", {"repeats": args.repeats, "generation": rows, "startup_s": startups, "grpo": runs,
+                                   **({"generation_from": {"file": args.generation_from, "meta": earlier["meta"]}}
+                                      if earlier else {})})
 
 
 if __name__ == "__main__":
