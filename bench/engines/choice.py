@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--grpo-steps", type=int, default=6)
     ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--grpo-engines", default="native,vllm", help="the engines the GRPO part runs with")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated; empty: no generation runs")
     ap.add_argument("--generation-from", help="an earlier results file of this bench: its generation rows and "
                     "start-up seconds are kept (with --models ''), so one file holds both parts")
@@ -190,7 +191,7 @@ def main() -> None:
     runs = []
     if not args.skip_grpo:
         with tempfile.TemporaryDirectory() as tmp:
-            for engine in ("native", "vllm"):
+            for engine in args.grpo_engines.split(","):
                 runs.append(grpo(engine, args.grpo_steps, tmp))
                 print(runs[-1], flush=True)
         gt = [["engine", "s/step", "generation s/step", "training s/step", "weight sync s/step",

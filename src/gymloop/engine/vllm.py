@@ -233,16 +233,24 @@ class VLLMServer:
         raise VLLMError(f"vLLM's stream of {path} ended without [DONE]")
 
     def close(self) -> None:
-        self.http.close()
-        if self.proc is not None and self.proc.poll() is None:
-            import signal
+        """Stop the server and every process of its group: vLLM's engine core and workers outlive
+        an API server that was killed, so the group is signalled even when its leader is gone."""
+        import signal
 
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.http.close()
+        if self.proc is not None:
             try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(30)
+            except ProcessLookupError:
+                pass
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+            try:                               # what ignored SIGTERM, or was left by a killed leader
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
