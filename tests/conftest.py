@@ -239,16 +239,21 @@ def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
         **over})
 
 
-def needs_vllm() -> None:
-    """Skip without vLLM's runtime, except in CI, which builds it (make test runs make vllm)."""
-    from gymloop.engine.vllm import VLLMError, runtime_python
+def needs_runtime(name: str) -> None:
+    """Skip without a runtime's venv (vllm, openenv, nemo-gym, verifiers), except in CI, which
+    builds them all (make test runs make NAME)."""
+    from gymloop.runtimes import RuntimeMissing, python
 
     try:
-        runtime_python()
-    except VLLMError as exc:
+        python(name)
+    except RuntimeMissing as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
+
+
+def needs_vllm() -> None:
+    needs_runtime("vllm")
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from conftest import needs_runtime
 from gymloop import runtimes
 from gymloop.envs import make_env
 from gymloop.envs.base import play, play_turns
@@ -20,19 +21,9 @@ MULTI = "resources_servers.example_multi_step.app:ExampleMultiStepResourcesServe
 SINGLE = "resources_servers.example_single_tool_call.app:SimpleWeatherResourcesServer"
 
 
-def needs_nemo_gym() -> None:
-    """Skip without NeMo Gym's runtime, except in CI, which builds it (make test runs make nemo-gym)."""
-    try:
-        runtimes.python("nemo-gym")
-    except runtimes.RuntimeMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def multi():
-    needs_nemo_gym()
+    needs_runtime("nemo-gym")
     env = make_env("nemo_gym", server=MULTI)
     yield env
     env.close()
@@ -92,7 +83,7 @@ def test_tool_calls_reach_the_server_and_its_answers_the_model(multi):
 def test_validate_says_there_is_no_gold_reply(capsys):
     from gymloop.cli import main
 
-    needs_nemo_gym()
+    needs_runtime("nemo-gym")
     assert main(["envs", "validate", "nemo_gym", "--options", json.dumps({"server": MULTI}), "--n", "2"]) != 0
     assert "no gold replies" in capsys.readouterr().err
 
@@ -105,7 +96,7 @@ def test_grpo_trains_on_an_example(tmp_path, tok):
     from gymloop.orchestrator.train import train
     from gymloop.tracking.run_dir import read_metrics
 
-    needs_nemo_gym()
+    needs_runtime("nemo-gym")
     model = save_model(tiny_llama(tok.vocab_size, seed=4, positions=2048), tok, tmp_path / "tiny")
     cfg = TrainConfig.model_validate({
         "model": str(model), "run_dir": str(tmp_path / "runs"),
@@ -125,7 +116,7 @@ def test_bad_options_a_missing_runtime_and_a_dead_server_are_clear_errors(monkey
         make_env("nemo_gym")
     with pytest.raises(ValueError, match="module:Class"):
         make_env("nemo_gym", server="resources_servers.example_multi_step")
-    needs_nemo_gym()
+    needs_runtime("nemo-gym")
     with pytest.raises(NemoGymError, match="(?s)did not start.*No module named 'no_such'"):
         make_env("nemo_gym", server="no_such.app:Server")
     env = make_env("nemo_gym", server=MULTI)

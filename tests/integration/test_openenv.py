@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from conftest import needs_runtime
 from gymloop import runtimes
 from gymloop.envs import make_env
 from gymloop.envs.base import play
@@ -18,20 +19,10 @@ from gymloop.envs.base import play
 REPLIES = ["hello world!", "hi", "a longer message than the others", ""]
 
 
-def needs_openenv() -> None:
-    """Skip without OpenEnv's runtime, except in CI, which builds it (make test runs make openenv)."""
-    try:
-        runtimes.python("openenv")
-    except runtimes.RuntimeMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory):
     """OpenEnv's example environment, as `openenv init echo_env` writes it (not edited)."""
-    needs_openenv()
+    needs_runtime("openenv")
     root = tmp_path_factory.mktemp("openenv")
     subprocess.run([str(runtimes.python("openenv").parent / "openenv"), "init", "echo_env"], cwd=root, check=True,
                    capture_output=True)

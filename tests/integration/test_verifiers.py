@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_runtime
 from gymloop import runtimes
 from gymloop.envs import make_env
 from gymloop.envs.base import play
@@ -21,19 +22,9 @@ FIXTURES = str(Path(__file__).parent.parent / "fixtures")
 OPTIONS = {"env": "vf-reverse", "path": FIXTURES}
 
 
-def needs_verifiers() -> None:
-    """Skip without verifiers' runtime, except in CI, which builds it (make test runs make verifiers)."""
-    try:
-        runtimes.python("verifiers")
-    except runtimes.RuntimeMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def env():
-    needs_verifiers()
+    needs_runtime("verifiers")
     e = make_env("verifiers", **OPTIONS)
     yield e
     e.close()
@@ -73,7 +64,7 @@ def test_the_rubric_through_gymloop_scores_as_its_functions_called_directly(env)
 def test_validate_replies_with_the_answer_and_a_wrong_reply(capsys):
     from gymloop.cli import main
 
-    needs_verifiers()
+    needs_runtime("verifiers")
     assert main(["envs", "validate", "verifiers", "--options", json.dumps(OPTIONS), "--n", "6"]) == 0
     out = capsys.readouterr().out
     assert "gold 6/6 scored 1.0" in out and "known-wrong 6/6 scored < 1.0" in out
@@ -84,7 +75,7 @@ def test_grpo_trains_on_it(tmp_path, tiny_model_dir):
     from gymloop.orchestrator.train import train
     from gymloop.tracking.run_dir import read_metrics
 
-    needs_verifiers()
+    needs_runtime("verifiers")
     cfg = TrainConfig.model_validate({
         "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"),
         "env": {"name": "verifiers", "options": OPTIONS},
@@ -102,7 +93,7 @@ def test_bad_options_a_missing_runtime_an_unknown_environment_and_a_dead_bridge_
 
     with pytest.raises(ValueError, match="needs option env"):
         make_env("verifiers")
-    needs_verifiers()
+    needs_runtime("verifiers")
     with pytest.raises(VerifiersError, match="(?s)did not start.*no_such_env"):
         make_env("verifiers", env="no-such-env")
     env = make_env("verifiers", **OPTIONS)
