@@ -6,7 +6,6 @@ bad options, a missing runtime and a dead server are clear errors, never a rewar
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

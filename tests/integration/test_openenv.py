@@ -6,7 +6,6 @@ import and a bridge that dies are clear errors, never a reward of 0."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

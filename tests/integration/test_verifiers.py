@@ -7,7 +7,6 @@ environment and a dead bridge are clear errors."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
