@@ -1,8 +1,9 @@
 """NeMo Gym resources servers through gymloop, for real: examples that ship inside the nemo-gym
 wheel (with their data), served unchanged from NeMo Gym's runtime (`make nemo-gym`), gymloop as
 the agent. The server's verify scores gymloop's episodes exactly as when called directly; gold and
-wrong episodes of example_multi_step score 1 and 0; a GRPO run trains on example_single_tool_call;
-bad options, a missing runtime and a dead server are clear errors, never a reward of 0."""
+wrong episodes of example_multi_step score 1 and 0; example_tool_call_multireward's summed reward
+maps from its range, each component logged; a GRPO run trains on example_single_tool_call; bad
+options, a missing runtime and a dead server are clear errors, never a reward of 0."""
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ from gymloop.models.toolcalls import format_call
 
 MULTI = "resources_servers.example_multi_step.app:ExampleMultiStepResourcesServer"
 SINGLE = "resources_servers.example_single_tool_call.app:SimpleWeatherResourcesServer"
+MULTIREWARD = "resources_servers.example_tool_call_multireward.app:ToolCallMultiRewardResourcesServer"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,30 @@ def test_tool_calls_reach_the_server_and_its_answers_the_model(multi):
     assert multi.tools(task)[0]["function"]["name"] == "get_synonym_value"
     assert messages[0]["role"] == "system"                 # the row's input, as NeMo Gym wrote it
     multi.verify(task, messages)
+
+
+def test_a_reward_of_three_components_maps_from_its_range_each_component_logged():
+    needs_runtime("nemo-gym")
+    env = make_env("nemo_gym", server=MULTIREWARD, reward_range=[0, 3])
+    try:
+        task = env.tasks[0]
+        call = format_call("get_weather", env.row(task)["expected_call"]["arguments"])
+        # (correctness, schema_valid, format) as the server's README defines them
+        cases = {"the call alone": ([call], (1, 1, 1)),
+                 "another city": ([format_call("get_weather", {"city": "Atlantis"})], (0, 1, 1)),
+                 "the call and prose": ([f"Let me check. {call}"], (1, 1, 0)),
+                 "no arguments": ([format_call("get_weather", {})], (0, 0, 1)),
+                 "prose only": (["It is sunny."], (0, 0, 0))}
+        for what, (turns, parts) in cases.items():
+            messages, score = play(env, task, turns)
+            assert messages[-1]["role"] == "assistant", what        # one turn: the call is the answer
+            got = tuple(score.components[k] for k in ("correctness", "schema_valid", "format"))
+            assert got == parts and score.components["reward"] == sum(parts), what
+            assert score.reward == sum(parts) / 3, what
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="reward_range must be"):
+        make_env("nemo_gym", server=MULTIREWARD, reward_range=[3, 0])
 
 
 def test_validate_says_there_is_no_gold_reply(capsys):

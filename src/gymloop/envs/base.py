@@ -50,6 +50,23 @@ class Score:
             raise ValueError(f"reward must be in [0, 1], got {self.reward}")
 
 
+def check_reward_range(option, env: str) -> tuple[float, float]:
+    """A peer environment's `reward_range` option checked: [low, high] of its own reward scale."""
+    try:
+        lo, hi = (float(x) for x in option)
+    except (TypeError, ValueError):
+        raise ValueError(f"{env} option reward_range must be [low, high], not {option!r}") from None
+    if not hi > lo:
+        raise ValueError(f"{env} option reward_range must be [low, high] with high > low, not {option!r}")
+    return lo, hi
+
+
+def unit_reward(value: float, scale: tuple[float, float]) -> float:
+    """A reward on a peer's scale [low, high] mapped linearly onto gymloop's [0, 1], clipped."""
+    lo, hi = scale
+    return min(1.0, max(0.0, (value - lo) / (hi - lo)))
+
+
 @dataclass(frozen=True)
 class StepResult:
     observation: tuple[Message, ...]

@@ -8,8 +8,9 @@ An episode, as NeMo Gym's agents run one: `POST /seed_session` (a session cookie
 the row's `responses_create_params` (its input as the messages, its tools as gymloop's tools) ->
 each tool call the model makes in gymloop's one tool format is `POST /<tool>` with its arguments,
 answered as a tool message -> a reply without a call ends it -> `POST /verify` with the row and
-the episode as a Responses API object. The reward is the server's; the verify answer's other
-numbers are its components. A server that fails or does not answer is an error, never a reward 0.
+the episode as a Responses API object. The reward is the server's, mapped from `reward_range`
+onto [0, 1]; the verify answer's other numbers are its components. A server that fails or does
+not answer is an error, never a reward 0.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import httpx
 
 from .. import runtimes
 from ..models.toolcalls import parse_tool_calls, tool_response
-from .base import Environment, Score, StepResult, Task, split_of
+from .base import Environment, Score, StepResult, Task, check_reward_range, split_of, unit_reward
 
 SESSION = "nemo_gym_session"
 # fields of a verify answer that are the request echoed back, not measurements
@@ -51,6 +52,20 @@ def chat_tools(tools: list[dict]) -> list[dict]:
     """Responses API function tools as chat completions' (`{"type": "function", "function": {...}}`)."""
     return [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
             for t in tools if t.get("type", "function") == "function"]
+
+
+def measurements(verified: dict, row: dict) -> dict[str, float]:
+    """The numbers of a verify answer besides its reward (what it did not echo from the row),
+    a nested dict of them (e.g. `reward_components`) flattened into its keys."""
+    out = {}
+    for k, v in verified.items():
+        if k in ECHOED or k in row:
+            continue
+        if isinstance(v, dict):
+            out.update({kk: float(vv) for kk, vv in v.items() if isinstance(vv, (int, float)) and kk not in verified})
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out
 
 
 def call_id(message_index: int, k: int) -> str:
@@ -85,11 +100,15 @@ class NemoGymEnvironment(Environment):
     name = "nemo_gym"
 
     def __init__(self, server: str | None = None, url: str | None = None, data: str | None = None,
-                 timeout_s: float = 60.0, heldout_fraction: float = 0.2) -> None:
+                 reward_range: tuple[float, float] = (0.0, 1.0), timeout_s: float = 60.0,
+                 heldout_fraction: float = 0.2) -> None:
+        """reward_range: the scale of the server's reward, mapped onto [0, 1] (e.g. [0, 3] for a
+        reward that sums three components)."""
         if (server is None) == (url is None):
             raise ValueError("nemo_gym needs one of options server (module:Class, started by gymloop) or url")
         if server is not None and ":" not in server:
             raise ValueError(f"nemo_gym option server must be module:Class, not {server!r}")
+        self.reward_range = check_reward_range(reward_range, "nemo_gym")
         self.process = None
         if server is not None:
             try:
@@ -110,12 +129,15 @@ class NemoGymEnvironment(Environment):
             source="dataset", info={"row": i}) for i, r in enumerate(self.rows)]
         self._sessions: dict[str, httpx.Client] = {}
 
-    def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
+    def _send(self, client: httpx.Client, path: str, body: dict) -> httpx.Response:
         try:
-            r = client.post(path, json=body)
+            return client.post(path, json=body)
         except httpx.HTTPError as exc:
             why = self.process.died() if self.process is not None else None
             raise NemoGymError(f"the NeMo Gym server did not answer {path}: {exc}" + (f"\n{why}" if why else "")) from None
+
+    def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
+        r = self._send(client, path, body)
         if r.status_code != 200:
             raise NemoGymError(f"the NeMo Gym server answered {path} with {r.status_code}: {r.text[:1000]}")
         return r.json()
@@ -171,7 +193,9 @@ class NemoGymEnvironment(Environment):
             if c.name not in names or not isinstance(c.arguments, dict):
                 content = tool_response({"error": f"no tool {c.name!r}" if c.name not in names else "bad arguments"})
             else:
-                content = json.dumps(self._post(client, f"/{c.name}", c.arguments))
+                # whatever the route answers, an HTTP error too, is the tool's output, as in NeMo Gym's
+                # own agent (a server may offer a tool it has no route for: a call is the answer)
+                content = self._send(client, f"/{c.name}", c.arguments).text
             results.append({"role": "tool", "content": content, "tool_call_id": call_id(len(messages) - 1, k)})
         return StepResult(observation=tuple(results), done=False)
 
@@ -184,10 +208,8 @@ class NemoGymEnvironment(Environment):
         finally:
             self._sessions.pop(sid).close()
         reward = float(got["reward"])
-        parts = {k: float(v) for k, v in got.items()
-                 if k not in ECHOED and k not in row and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        parts.update({k: float(v) for k, v in got.items() if k not in ECHOED and k not in row and isinstance(v, bool)})
-        return Score(min(1.0, max(0.0, reward)), {"reward": reward, **parts}, f"verify: {reward:g}")
+        return Score(unit_reward(reward, self.reward_range), {"reward": reward, **measurements(got, row)},
+                     f"verify: {reward:g}")
 
     def close(self) -> None:
         for c in self._sessions.values():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import runtimes
 from ..models.toolcalls import parse_tool_calls, tool_response
-from .base import Environment, Score, StepResult, Task, split_of
+from .base import Environment, Score, StepResult, Task, check_reward_range, split_of, unit_reward
 
 SESSION = "openenv_session"          # the key of the first message that names its episode's session
 TOOL = "step"
@@ -72,10 +72,7 @@ class OpenEnvEnvironment(Environment):
             raise ValueError("openenv needs one of options app (module:app, served by gymloop) or url (a running server)")
         if app is not None and ":" not in app:
             raise ValueError(f"openenv option app must be module:attribute (e.g. my_env.server.app:app), not {app!r}")
-        lo, hi = reward_range
-        if not hi > lo:
-            raise ValueError(f"openenv option reward_range must be [low, high] with high > low, not {reward_range}")
-        self.reward_range, self.heldout_fraction = (float(lo), float(hi)), heldout_fraction
+        self.reward_range, self.heldout_fraction = check_reward_range(reward_range, "openenv"), heldout_fraction
         if sessions is not None and (app is None or sessions < 1):
             raise ValueError("openenv option sessions (>= 1) applies to a server gymloop starts (option app)")
         self.bridge = bridge(app, [path] if isinstance(path, str) else list(path or []), url, timeout_s, sessions)
@@ -157,9 +154,8 @@ class OpenEnvEnvironment(Environment):
         sid = self._session(messages)
         ep = self._episodes.pop(sid)
         self.bridge.call("close", session=sid)
-        total, (lo, hi) = sum(ep["rewards"]), self.reward_range
-        reward = min(1.0, max(0.0, (total - lo) / (hi - lo)))
-        return Score(reward, {"return": total, "steps": float(len(ep["rewards"]))},
+        total = sum(ep["rewards"])
+        return Score(unit_reward(total, self.reward_range), {"return": total, "steps": float(len(ep["rewards"]))},
                      f"return {total:g} over {len(ep['rewards'])} step(s)" + ("" if ep["done"] else ", not done"))
 
     def close(self) -> None:
