@@ -32,6 +32,7 @@ class EvalResult:
     seconds: float
     generated_tokens: int
     pass_at_k: dict[int, float] = field(default_factory=dict)
+    components: dict[str, float] = field(default_factory=dict)  # greedy: each verifier component's mean
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +59,12 @@ def _collect_chunked(collector: Collector, tasks: Sequence[Task], n: int, params
     return rolls, total
 
 
+def component_means(components: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The mean of each component over the episodes that report it."""
+    names = sorted({k for c in components for k in c})
+    return {k: sum(c[k] for c in components if k in c) / sum(k in c for c in components) for k in names}
+
+
 def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequence[Task], *,
              max_new_tokens: int = 16, max_turns: int = 1, ks: Sequence[int] = (),
              samples: int = 0, temperature: float = 1.0, seed: int = 0, progress: bool = False,
@@ -79,6 +86,7 @@ def evaluate(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequen
         format_rate=sum(r.score.components.get("format", 0.0) for r in good) / n,
         errors=st.errors, seconds=st.gen_seconds + st.env_seconds,
         generated_tokens=st.generated_tokens,
+        components=component_means([r.score.components for r in good]),
     )
     if ks:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
