@@ -3,10 +3,13 @@ written against verifiers' own API, its dataset built offline) loaded by verifie
 `load_environment` in verifiers' runtime (`make verifiers`) and scored by its own Rubric. Its
 rewards through gymloop equal its reward functions called directly; validate scores its answers
 1.0 and wrong replies less; a GRPO run trains on it; bad options, a missing runtime, an unknown
-environment and a dead bridge are clear errors."""
+environment and a dead bridge are clear errors. A multi-turn ToolEnv (tests/fixtures/vf_lookup)
+runs its own rollout, gymloop answering each turn: its tools run on gymloop's tool calls, its
+record of the episode scores as verifiers' own rollout of the same turns does, GRPO trains on it."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from gymloop.envs.base import play
 
 FIXTURES = str(Path(__file__).parent.parent / "fixtures")
 OPTIONS = {"env": "vf-reverse", "path": FIXTURES}
+LOOKUP = {"env": "vf-lookup", "path": FIXTURES}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import verifiers as vf
 group = vf.load_environment("vf-reverse").rubric          # the env's rubric and its own monitor rubric
-funcs = [(f, w) for r in group.rubrics for f, w in zip(r.funcs, r.weights) if f.__name__ in ("exact", "prefix")]
+funcs = [(f, w) for r in group.rubrics for f, w in zip(r.funcs, r.weights) if f.__name__ in ("lcs", "exact")]
 out = []
 for reply, answer in json.loads(sys.argv[2]):
     completion = [{"role": "assistant", "content": reply}]
@@ -56,7 +60,7 @@ def test_the_rubric_through_gymloop_scores_as_its_functions_called_directly(env)
     theirs = direct([(r, t.answer) for t, r in zip(tasks, replies)])
     for s, d in zip(ours, theirs):
         assert s.components["reward"] == d["reward"] and s.reward == min(1.0, d["reward"])
-        assert s.components["exact"] == d["exact"] and s.components["prefix"] == d["prefix"]
+        assert s.components["exact"] == d["exact"] and s.components["lcs"] == d["lcs"]
     assert {s.reward for s in ours} != {ours[0].reward}                    # not one score for every reply
 
 
@@ -67,6 +71,119 @@ def test_validate_replies_with_the_answer_and_a_wrong_reply(capsys):
     assert main(["envs", "validate", "verifiers", "--options", json.dumps(OPTIONS), "--n", "6"]) == 0
     out = capsys.readouterr().out
     assert "gold 6/6 scored 1.0" in out and "known-wrong 6/6 scored < 1.0" in out
+
+
+def test_envs_install_with_adds_a_users_environment_package_to_the_runtime(tmp_path):
+    from gymloop.cli import main
+    from gymloop.envs.verifiers import VerifiersError
+
+    needs_runtime("verifiers")
+    # a copy: pip builds a path in place, and the fixture stays clean
+    pkg = shutil.copytree(Path(FIXTURES) / "vf_reverse", tmp_path / "vf_reverse",
+                          ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    try:
+        assert main(["envs", "install", "verifiers", "--with", str(pkg)]) == 0
+        env = make_env("verifiers", env="vf-reverse")            # no path: imported from the runtime
+        try:
+            assert len(env.rows["train"]) == 40 and len(env.rows["heldout"]) == 20
+        finally:
+            env.close()
+    finally:
+        subprocess.run([str(runtimes.python("verifiers")), "-m", "pip", "uninstall", "-y", "-q", "vf-reverse"], check=True)
+    with pytest.raises(VerifiersError, match="did not start"):
+        make_env("verifiers", env="vf-reverse")
+
+
+def rollout_directly(turns: list[dict], split: str, index: int) -> dict:
+    """verifiers' own rollout of vf-lookup's row with a scripted model (each turn's content and
+    tool calls), scored by its rubric, in verifiers' runtime: no gymloop code involved."""
+    script = """
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[1])
+import verifiers as vf
+from verifiers.clients import Client
+from verifiers.types import Response, ResponseMessage, ToolCall
+
+turns = json.loads(sys.argv[2])
+
+class Scripted(Client):
+    def setup_client(self, config): return None
+    async def to_native_tool(self, tool): return tool
+    async def to_native_prompt(self, messages): return messages, {}
+    async def raise_from_native_response(self, r): return None
+    async def from_native_response(self, r): return r
+    async def close(self): return None
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kw):
+        if not turns:
+            raise vf.OverlongPromptError("out of turns")
+        t = turns.pop(0)
+        calls = [ToolCall(**c) for c in t["tool_calls"]] or None
+        return Response(id="r", created=0, model="m", message=ResponseMessage(
+            content=t["content"], tool_calls=calls, is_truncated=False, finish_reason="tool_calls" if calls else "stop"))
+
+async def main():
+    env = vf.load_environment("vf-lookup")
+    rows = env.dataset if sys.argv[3] == "train" else env.eval_dataset
+    state = await env.rollout(dict(rows[int(sys.argv[4])]), client=Scripted(None), model="m")
+    await env.rubric.score_rollout(state)
+    print(json.dumps({"reward": state["reward"], "metrics": state["metrics"],
+                      "completion": [m.model_dump(mode="json", exclude_none=True) for m in state["completion"]]}))
+
+asyncio.run(main())
+"""
+    got = subprocess.run([str(runtimes.python("verifiers")), "-c", script, FIXTURES, json.dumps(turns), split, str(index)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(got.strip().splitlines()[-1])
+
+
+def test_a_multi_turn_tool_environment_runs_its_own_rollout_and_scores_as_verifiers_does():
+    from gymloop.models.toolcalls import format_call, parse_tool_calls
+
+    needs_runtime("verifiers")
+    env = make_env("verifiers", **LOOKUP)
+    try:
+        task = env.sample_tasks(1, "heldout", 0)[0]
+        word = task.prompt[-1]["content"].split()[5].rstrip("?")
+        assert env.multi_turn and [t["function"]["name"] for t in env.tools(task)] == ["lookup"]
+        call = format_call("lookup", {"word": word})
+        scripts = {"looked up, then the code": [call, task.answer], "looked up, then a wrong code": [call, "000"],
+                   "the code at once": [task.answer], "a call, then the turn limit": [call],
+                   "an unknown word": [format_call("lookup", {"word": "zebra"}), task.answer]}
+        for what, turns in scripts.items():
+            messages, ours = play(env, task, turns)
+            # the same turns as verifiers receives them: the text, and the calls gymloop parsed
+            sent = [{"content": p.text, "tool_calls": [{"id": f"call_{1 + 2 * i}_{k}", "name": c.name,
+                                                        "arguments": json.dumps(c.arguments)}
+                                                       for k, c in enumerate(p.calls)]}
+                    for i, p in enumerate(map(parse_tool_calls, turns))]
+            theirs = rollout_directly(sent, "eval", task.info["index"])
+            assert ours.reward == theirs["reward"] and ours.error is None, what
+            assert {k: v for k, v in ours.components.items() if k != "reward"} == theirs["metrics"], what
+            said = [m for m in theirs["completion"] if m["role"] == "tool"]
+            assert [m["content"] for m in messages if m["role"] == "tool"] == [m["content"] for m in said], what
+        assert play(env, task, scripts["looked up, then the code"])[1].reward == 1.0
+        assert play(env, task, scripts["a call, then the turn limit"])[1].components["num_turns"] == 1.0
+        assert len(play(env, task, [task.answer, "never sent"])[0]) == 2      # its stop condition: no call
+    finally:
+        env.close()
+
+
+def test_grpo_trains_on_a_multi_turn_environment(tmp_path, tiny_model_dir):
+    from gymloop.config import TrainConfig
+    from gymloop.orchestrator.train import train
+    from gymloop.tracking.run_dir import read_metrics
+
+    needs_runtime("verifiers")
+    cfg = TrainConfig.model_validate({
+        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"),
+        "env": {"name": "verifiers", "options": LOOKUP, "max_turns": 3},
+        "sampling": {"max_new_tokens": 8},
+        "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
+        "eval": {"tasks": 4, "every": 0, "max_new_tokens": 8}})
+    summary = train(cfg, progress=False, echo=lambda m: None)
+    trained = [r for r in read_metrics(summary["run_dir"]) if r.get("kind") == "train"]
+    assert len(trained) == 2 and all(r["errors"] == 0 for r in trained)
+    assert "num_turns" in summary["final"]["components"]
 
 
 def test_grpo_trains_on_it(tmp_path, tiny_model_dir):

@@ -10,8 +10,14 @@ for a missing other). The prompt is the row's messages; the reward is the rubric
 (clipped to [0, 1]), its functions' values the components. `envs validate` replies with the row's
 `answer` (it must score the rubric's best: 1.0) and with a wrong reply (it must score less).
 A rubric or bridge that fails is an error, never a reward of 0 (a reward function that raises is
-scored 0 by verifiers itself, as in its own rollouts). Single-turn environments for now: a
-multi-turn one is refused by name.
+scored 0 by verifiers itself, as in its own rollouts).
+
+A multi-turn environment (MultiTurnEnv, ToolEnv, ...) runs its own `rollout()` in the bridge,
+gymloop answering each turn it asks for: gymloop's turn goes over as an assistant message, its
+tool calls (gymloop's one tool format) as the message's tool calls; the environment's
+env_response comes back as the next messages (tool results as tool messages); its stop
+conditions end the episode. An episode gymloop ends first (max_turns, the context) ends in
+verifiers as a truncation. The rubric scores verifiers' own record of the rollout.
 """
 from __future__ import annotations
 
@@ -19,8 +25,10 @@ import json
 from pathlib import Path
 
 from .. import runtimes
-from .base import Environment, Score, Task
+from ..models.toolcalls import parse_tool_calls
+from .base import Environment, Score, StepResult, Task
 
+SESSION = "verifiers_session"            # the key of the first message that names its episode's rollout
 SPLITS = {"train": "train", "heldout": "eval"}
 
 
@@ -43,10 +51,7 @@ class VerifiersEnvironment(Environment):
         self.bridge = runtimes.Channel("verifiers", Path(__file__).with_name("verifiers_bridge.py"),
                                        [env, json.dumps(args or {}), *extra], timeout_s,
                                        f"the verifiers environment {env!r}", VerifiersError)
-        if self.bridge.ready["multi_turn"]:
-            self.close()
-            raise ValueError(f"verifiers environment {env!r} is multi-turn ({self.bridge.ready['kind']}): gymloop "
-                             "runs single-turn verifiers environments so far")
+        self.multi_turn, self.tool_defs = self.bridge.ready["multi_turn"], self.bridge.ready["tool_defs"]
         self.env_id = env
         self.rows = {split: self.bridge.call("rows", split=vsplit)["rows"] for split, vsplit in SPLITS.items()}
 
@@ -75,7 +80,40 @@ class VerifiersEnvironment(Environment):
         _, split, i = task_id.split(":")
         return self._task(split, int(i))
 
+    def tools(self, task: Task) -> list[dict] | None:
+        """The environment's tools (a row's own `info.tool_defs` first), as chat tools."""
+        info = self.rows[task.split][task.info["index"]].get("info")
+        defs = (info.get("tool_defs") if isinstance(info, dict) else None) or self.tool_defs
+        return [{"type": "function", "function": {k: d[k] for k in ("name", "description", "parameters") if k in d}}
+                for d in defs] or None
+
+    def reset(self, task: Task) -> list[dict]:
+        messages = [dict(m) for m in task.prompt]
+        if self.multi_turn:
+            started = self.bridge.call("start", split=SPLITS[task.split], index=task.info["index"])
+            messages[0][SESSION] = started["session"]
+        return messages
+
+    def step(self, task: Task, messages: list[dict], assistant_text: str) -> StepResult:
+        if not self.multi_turn:
+            return StepResult(observation=(), done=True)
+        parsed = parse_tool_calls(assistant_text)
+        turn = len(messages) - 1
+        calls = [{"id": f"call_{turn}_{k}", "name": c.name,
+                  "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)}
+                 for k, c in enumerate(parsed.calls)]
+        got = self.bridge.call("turn", session=self._session(messages), content=parsed.text, tool_calls=calls)
+        return StepResult(observation=tuple(chat_message(m) for m in got["messages"]), done=got["done"])
+
+    def _session(self, messages: list[dict]) -> str:
+        sid = messages[0].get(SESSION)
+        if sid is None:
+            raise VerifiersError("a multi-turn verifiers episode's messages must start with the ones reset() returned")
+        return sid
+
     def _score_request(self, task: Task, messages: list[dict]):
+        if self.multi_turn:
+            return self.bridge.send("finish", session=self._session(messages))
         completion = [{"role": m["role"], "content": m["content"]} for m in messages[len(task.prompt):]]
         return self.bridge.send("score", split=SPLITS[task.split], index=task.info["index"], completion=completion)
 
@@ -103,6 +141,17 @@ class VerifiersEnvironment(Environment):
 
     def close(self) -> None:
         self.bridge.close()
+
+
+def chat_message(m: dict) -> dict:
+    """A message verifiers' environment said back, as a chat message (text parts joined)."""
+    content = m.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    out = {"role": m["role"], "content": content}
+    if m.get("tool_call_id"):
+        out["tool_call_id"] = m["tool_call_id"]
+    return out
 
 
 def make_verifiers(**options) -> VerifiersEnvironment:

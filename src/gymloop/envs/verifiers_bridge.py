@@ -5,9 +5,18 @@ own rubric; gymloop speaks to this process in JSON lines.
 
     python -P verifiers_bridge.py ENV_ID ARGS_JSON [--path DIR ...]
 
-It prints {"ready": true, "multi_turn": ...} and answers each request line {"id", "op", ...}:
+It prints {"ready": true, "multi_turn": ..., "tool_defs": ...} and answers each request line
+{"id", "op", ...}:
 - rows {split: train|eval}: the split's rows (prompt messages, answer, info, example_id);
-- score {split, index, completion}: the rubric's reward and metrics for that row's completion.
+- score {split, index, completion}: the rubric's reward and metrics for that row's completion
+  (a single-turn environment's episode);
+- start {split, index}: a multi-turn episode: the environment's own `rollout()` runs with a
+  verifiers Client whose model is gymloop (each response is the turn gymloop sends), so its
+  stop conditions, env_response and cleanup are its own; answers the first prompt and a session;
+- turn {session, content, tool_calls}: gymloop's turn; answers what the environment said back
+  (its env_response messages) or done;
+- finish {session}: ends the rollout where gymloop stopped (its turn limit or the model's
+  context: verifiers' OverlongPromptError, a truncation), then the rubric's reward and metrics.
 """
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ import asyncio
 import json
 import sys
 import threading
+import time
+import uuid
 
 
 def jsonable(value):
@@ -28,6 +39,131 @@ def jsonable(value):
     return value
 
 
+class Episode:
+    """One multi-turn rollout in flight: verifiers asks for model turns, gymloop answers them."""
+
+    def __init__(self) -> None:
+        self.asks: asyncio.Queue = asyncio.Queue()      # each prompt verifiers asks a turn for; None: it ended
+        self.answer: asyncio.Future | None = None
+        self.asked = 0                                  # the length of the last prompt asked
+        self.state = None
+        self.done = False
+        self.task: asyncio.Task | None = None
+
+    async def ask(self, prompt: list):
+        self.answer = asyncio.get_running_loop().create_future()
+        self.asked = len(prompt)
+        await self.asks.put(prompt)
+        return await self.answer
+
+    async def next_prompt(self):
+        """The next prompt verifiers asks a turn for, or None when its rollout has ended."""
+        prompt = await self.asks.get()
+        self.done = prompt is None
+        return prompt
+
+
+def turns_client():
+    """verifiers' model Client for a rollout whose model is gymloop: a response is the turn gymloop
+    sends for the prompt (its tokens are gymloop's; verifiers sees the messages). Its `client` is
+    the rollout's Episode."""
+    from verifiers.clients import Client
+
+    class GymloopTurns(Client):
+        def setup_client(self, config):
+            return None
+
+        async def to_native_tool(self, tool):
+            return tool
+
+        async def to_native_prompt(self, messages):
+            return messages, {}
+
+        async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+            return await self.client.ask(prompt)
+
+        async def raise_from_native_response(self, response) -> None:
+            return None
+
+        async def from_native_response(self, response):
+            return response
+
+        async def close(self) -> None:
+            return None
+
+    return GymloopTurns
+
+
+def response(content: str, calls: list[dict]):
+    """gymloop's turn as the verifiers Response a model client returns."""
+    from verifiers.types import Response, ResponseMessage, ToolCall
+
+    tool_calls = [ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls] or None
+    return Response(id=f"gymloop-{time.time_ns()}", created=int(time.time()), model="gymloop",
+                    message=ResponseMessage(content=content, tool_calls=tool_calls, is_truncated=False,
+                                            finish_reason="tool_calls" if tool_calls else "stop"))
+
+
+class Bridge:
+    """The environment and its episodes in flight; one method per request op."""
+
+    def __init__(self, env) -> None:
+        import verifiers as vf
+        from verifiers.types import ClientConfig
+
+        self.vf, self.env, self.episodes = vf, env, {}
+        splits = {"train": env.dataset if env.dataset is not None else env.eval_dataset,
+                  "eval": env.eval_dataset if env.eval_dataset is not None else env.dataset}
+        self.data = {k: [dict(r) for r in d] for k, d in splits.items()}
+        # a single-turn score's state never calls its client: gymloop generated the completion
+        self.nowhere = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="GYMLOOP_UNUSED")
+        self.client = turns_client()
+        self.multi_turn = isinstance(env, vf.MultiTurnEnv) and not isinstance(env, vf.SingleTurnEnv)
+
+    async def rows(self, split: str) -> dict:
+        return {"rows": jsonable([{k: r.get(k) for k in ("prompt", "answer", "info", "example_id")}
+                                  for r in self.data[split]])}
+
+    async def score(self, split: str, index: int, completion: list) -> dict:
+        state = await self.env.init_state(dict(self.data[split][index]), client=self.nowhere, model="gymloop")
+        state["completion"] = completion
+        await self.env.rubric.score_rollout(state)
+        return {"reward": state["reward"], "metrics": state["metrics"]}
+
+    async def _rollout(self, ep: Episode, row: dict) -> None:
+        try:
+            ep.state = await self.env.rollout(row, client=self.client(ep), model="gymloop")
+        finally:
+            await ep.asks.put(None)
+
+    async def start(self, split: str, index: int) -> dict:
+        ep, sid = Episode(), uuid.uuid4().hex
+        self.episodes[sid] = ep
+        ep.task = asyncio.ensure_future(self._rollout(ep, dict(self.data[split][index])))
+        prompt = await ep.next_prompt()
+        return {"session": sid, "messages": jsonable(prompt or [])}
+
+    async def turn(self, session: str, content: str, tool_calls: list[dict]) -> dict:
+        ep = self.episodes[session]
+        if ep.done:
+            return {"done": True, "messages": []}
+        asked = ep.asked
+        ep.answer.set_result(response(content, tool_calls))
+        prompt = await ep.next_prompt()
+        # the new prompt is the last one, the turn, then what the environment said back
+        return {"done": prompt is None, "messages": jsonable(prompt[asked + 1:] if prompt else [])}
+
+    async def finish(self, session: str) -> dict:
+        ep = self.episodes.pop(session)
+        while not ep.done:
+            ep.answer.set_exception(self.vf.OverlongPromptError(
+                "gymloop ended the episode (its turn limit or the model's context)"))
+            await ep.next_prompt()
+        await ep.task
+        await self.env.rubric.score_rollout(ep.state)
+        return {"reward": ep.state["reward"], "metrics": ep.state["metrics"]}
+
+
 def main() -> None:
     env_id, args = sys.argv[1], json.loads(sys.argv[2])
     for i, a in enumerate(sys.argv):
@@ -36,42 +172,27 @@ def main() -> None:
     out, lock = sys.stdout, threading.Lock()
     sys.stdout = sys.stderr                  # what the environment prints stays off the protocol
     import verifiers as vf
-    from verifiers.types import ClientConfig
 
-    env = vf.load_environment(env_id, **args)
-    splits = {"train": env.dataset if env.dataset is not None else env.eval_dataset,
-              "eval": env.eval_dataset if env.eval_dataset is not None else env.dataset}
-    rows = {k: [dict(r) for r in d] for k, d in splits.items()}
-    # the state's client is never called: gymloop generated the completion being scored
-    nowhere = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="GYMLOOP_UNUSED")
+    bridge = Bridge(vf.load_environment(env_id, **args))
+    ops = {op: getattr(bridge, op) for op in ("rows", "score", "start", "turn", "finish")}
 
     def reply(obj: dict) -> None:
         with lock:
             out.write(json.dumps(obj) + "\n")
             out.flush()
 
-    async def handle(req: dict) -> dict:
-        if req["op"] == "rows":
-            return {"rows": jsonable([{k: r.get(k) for k in ("prompt", "answer", "info", "example_id")}
-                                      for r in rows[req["split"]]])}
-        if req["op"] == "score":
-            state = await env.init_state(dict(rows[req["split"]][req["index"]]), client=nowhere, model="gymloop")
-            state["completion"] = req["completion"]
-            await env.rubric.score_rollout(state)
-            return {"reward": state["reward"], "metrics": state["metrics"]}
-        raise ValueError(f"unknown op {req['op']!r}")
-
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
 
     async def run(req: dict) -> None:
         try:
-            reply({"id": req["id"], "ok": True, **await handle(req)})
+            fields = {k: v for k, v in req.items() if k not in ("id", "op")}
+            reply({"id": req["id"], "ok": True, **await ops[req["op"]](**fields)})
         except Exception as exc:  # noqa: BLE001 - the environment's error, sent to gymloop
             reply({"id": req["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
-    multi = isinstance(env, vf.MultiTurnEnv) and not isinstance(env, vf.SingleTurnEnv)
-    reply({"ready": True, "multi_turn": multi, "kind": type(env).__name__})
+    reply({"ready": True, "multi_turn": bridge.multi_turn, "kind": type(bridge.env).__name__,
+           "tool_defs": jsonable(list(getattr(bridge.env, "tool_defs", None) or []))})
     for line in sys.stdin:
         if line.strip():
             asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
