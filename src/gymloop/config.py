@@ -30,7 +30,9 @@ class EnvSpec(_Strict):
     def _check(self) -> "EnvSpec":
         from .envs import make_env
 
-        make_env(self.name, **self.options)  # raises a clear error on a bad name or option
+        env = make_env(self.name, **self.options)  # raises a clear error on a bad name or option
+        if hasattr(env, "close"):           # a peer's bridge or server, a sandbox pool: not kept for a check
+            env.close()
         return self
 
 

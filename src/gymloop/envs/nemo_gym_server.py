@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import socket
 import sys
 import threading
@@ -56,7 +57,8 @@ def main() -> None:
                 raise RuntimeError(f"{sys.argv[1]} did not answer {url}/seed_session within 60 s") from None
             time.sleep(0.05)
     print(json.dumps({"ready": True, "url": url, "data": data}), flush=True)
-    sys.stdin.read()                    # until gymloop closes it
+    sys.stdin.read()                    # until gymloop closes it (or dies)
+    os._exit(0)                         # whatever threads the server left
 
 
 if __name__ == "__main__":

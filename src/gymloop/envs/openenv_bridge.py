@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import socket
 import sys
 import threading
@@ -125,6 +126,8 @@ def main() -> None:
     for line in sys.stdin:
         if line.strip():
             asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
+    # gymloop closed stdin (or died): exit now, whatever threads the server or client left
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -196,6 +197,8 @@ def main() -> None:
     for line in sys.stdin:
         if line.strip():
             asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
+    # gymloop closed stdin (or died): exit now, whatever threads or rollouts the environment left
+    os._exit(0)
 
 
 if __name__ == "__main__":

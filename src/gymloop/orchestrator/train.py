@@ -171,6 +171,7 @@ class Run:
     sync: object = None
     evaluator: Callable | None = None
     task_source: Callable[[int], list] | None = None
+    owns_env: bool = False                     # made by the run (not passed in): it closes it at the end
     t_start: float = field(default_factory=time.perf_counter)    # this process's part of the run
     setup_t0: float = 0.0                                         # after pre-training (a phase of its own)
 
@@ -223,6 +224,7 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     # FLOPs, hence projected costs, count the parameters a token passes through (MoE: top-k experts)
     ledger = Ledger(cfg.cost.profile, profiles[cfg.cost.profile], count_parameters(model)[1])
     engine = _engine(cfg, model, tok, Path(model_path))
+    owns_env = env is None
     try:
         echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
                                                          if engine.native_unsupported else ""))
@@ -230,7 +232,7 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
         run = Run(cfg, Path(model_path), model, tok, env, engine, None, _heldout(env, cfg),
                   run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
                   cfg.sampling.max_new_tokens * cfg.env.max_turns, task_source=task_source,
-                  t_start=t_start, setup_t0=setup_t0)
+                  owns_env=owns_env, t_start=t_start, setup_t0=setup_t0)
         if cfg.cluster.backend == "ray":
             run.source = _make_source(run)
             run.evaluator = run.source.collect
@@ -248,6 +250,8 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     except BaseException:
         if hasattr(engine, "close"):        # a vLLM process started for this run
             engine.close()
+        if owns_env and env is not None and hasattr(env, "close"):   # a peer's bridge or server
+            env.close()
         raise
 
 
@@ -522,4 +526,6 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
                 run.source.close()
             if hasattr(run.engine, "close"):
                 run.engine.close()
+            if run.owns_env and hasattr(run.env, "close"):
+                run.env.close()
     return summarise(run)
