@@ -5,6 +5,7 @@ environment can be placed in another process or worker and called with plain dat
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from abc import ABC, abstractmethod
@@ -148,6 +149,28 @@ class Environment(ABC):
     def wrong_turns(self, task: Task) -> list[str] | None:
         """Turns of a known-wrong episode, which must score below 1.0 (None: no such check)."""
         return None
+
+
+class PeerEnvironment(Environment):
+    """An environment whose peer code runs in a process of its own (a bridge, a server), which
+    cannot be copied: it is pickled (to a Ray rollout worker, a collector process) as its options,
+    and the copy starts its own process."""
+
+    options: dict = {}
+
+    def __reduce__(self):
+        return peer(type(self)), (self.options,)
+
+
+def peer(cls: type[PeerEnvironment]) -> Callable[[dict], PeerEnvironment]:
+    """The factory of a peer environment class: built from its options, which it keeps."""
+    return functools.partial(_build_peer, cls)
+
+
+def _build_peer(cls: type[PeerEnvironment], options: dict) -> PeerEnvironment:
+    env = cls(**options)
+    env.options = dict(options)
+    return env
 
 
 def run_episode(env: Environment, task: Task, reply: Callable[[list[Message]], str],

@@ -23,7 +23,7 @@ import httpx
 
 from .. import runtimes
 from ..models.toolcalls import parse_tool_calls, tool_response
-from .base import Environment, Score, StepResult, Task, check_reward_range, split_of, unit_reward
+from .base import PeerEnvironment, Score, StepResult, Task, check_reward_range, peer, split_of, unit_reward
 
 SESSION = "nemo_gym_session"
 # fields of a verify answer that are the request echoed back, not measurements
@@ -96,7 +96,7 @@ def response_of(messages: list[dict], start: int, tools: list[dict]) -> dict:
             "tools": tools, "status": "completed"}
 
 
-class NemoGymEnvironment(Environment):
+class NemoGymEnvironment(PeerEnvironment):
     name = "nemo_gym"
 
     def __init__(self, server: str | None = None, url: str | None = None, data: str | None = None,
@@ -220,4 +220,4 @@ class NemoGymEnvironment(Environment):
 
 
 def make_nemo_gym(**options) -> NemoGymEnvironment:
-    return NemoGymEnvironment(**options)
+    return peer(NemoGymEnvironment)(options)

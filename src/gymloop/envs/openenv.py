@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import runtimes
 from ..models.toolcalls import parse_tool_calls, tool_response
-from .base import Environment, Score, StepResult, Task, check_reward_range, split_of, unit_reward
+from .base import PeerEnvironment, Score, StepResult, Task, check_reward_range, peer, split_of, unit_reward
 
 SESSION = "openenv_session"          # the key of the first message that names its episode's session
 TOOL = "step"
@@ -60,7 +60,7 @@ def render(observation: dict) -> str:
     return json.dumps({k: v for k, v in observation.items() if k not in ("reward", "done", "metadata")})
 
 
-class OpenEnvEnvironment(Environment):
+class OpenEnvEnvironment(PeerEnvironment):
     name = "openenv"
 
     def __init__(self, app: str | None = None, url: str | None = None, path: str | list[str] | None = None,
@@ -163,4 +163,4 @@ class OpenEnvEnvironment(Environment):
 
 
 def make_openenv(**options) -> OpenEnvEnvironment:
-    return OpenEnvEnvironment(**options)
+    return peer(OpenEnvEnvironment)(options)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import runtimes
 from ..models.toolcalls import parse_tool_calls
-from .base import Environment, Score, StepResult, Task
+from .base import PeerEnvironment, Score, StepResult, Task, peer
 
 SESSION = "verifiers_session"            # the key of the first message that names its episode's rollout
 SPLITS = {"train": "train", "heldout": "eval"}
@@ -38,7 +38,7 @@ class VerifiersError(RuntimeError):
     user_facing = True
 
 
-class VerifiersEnvironment(Environment):
+class VerifiersEnvironment(PeerEnvironment):
     name = "verifiers"
 
     def __init__(self, env: str | None = None, args: dict | None = None, path: str | list[str] | None = None,
@@ -155,4 +155,4 @@ def chat_message(m: dict) -> dict:
 
 
 def make_verifiers(**options) -> VerifiersEnvironment:
-    return VerifiersEnvironment(**options)
+    return peer(VerifiersEnvironment)(options)
