@@ -6,18 +6,18 @@ environments are written for): `load_environment(env_id, **args)` runs in verifi
     env: {name: verifiers, options: {env: vf-reverse, args: {n: 20}}}
 
 Tasks: the dataset's rows are training tasks, the eval_dataset's held-out ones (either stands in
-for a missing other). The prompt is the row's messages; the reward is the rubric's weighted sum
-(clipped to [0, 1]), its functions' values the components. `envs validate` replies with the row's
-`answer` (it must score the rubric's best: 1.0) and with a wrong reply (it must score less).
-A rubric or bridge that fails is an error, never a reward of 0 (a reward function that raises is
-scored 0 by verifiers itself, as in its own rollouts).
+for a missing other). The prompt is the row's messages.
 
-A multi-turn environment (MultiTurnEnv, ToolEnv, ...) runs its own `rollout()` in the bridge,
-gymloop answering each turn it asks for: gymloop's turn goes over as an assistant message, its
-tool calls (gymloop's one tool format) as the message's tool calls; the environment's
+Every episode is the environment's own `rollout()`, run in the bridge with gymloop answering
+each turn it asks for: gymloop's turn goes over as an assistant message, its tool calls
+(gymloop's one tool format) as the message's tool calls; a multi-turn environment's
 env_response comes back as the next messages (tool results as tool messages); its stop
 conditions end the episode. An episode gymloop ends first (max_turns, the context) ends in
-verifiers as a truncation. The rubric scores verifiers' own record of the rollout.
+verifiers as a truncation. The reward is the rubric's weighted sum on verifiers' own record of
+the rollout (clipped to [0, 1]), its functions' and monitors' values the components. `envs
+validate` replies with the row's `answer` (it must score the rubric's best: 1.0) and with a
+wrong reply (it must score less). A rubric or bridge that fails is an error, never a reward of
+0 (a reward function that raises is scored 0 by verifiers itself, as in its own rollouts).
 """
 from __future__ import annotations
 
@@ -89,36 +89,27 @@ class VerifiersEnvironment(PeerEnvironment):
 
     def reset(self, task: Task) -> list[dict]:
         messages = [dict(m) for m in task.prompt]
-        if self.multi_turn:
-            started = self.bridge.call("start", split=SPLITS[task.split], index=task.info["index"])
-            messages[0][SESSION] = started["session"]
+        started = self.bridge.call("start", split=SPLITS[task.split], index=task.info["index"])
+        messages[0][SESSION] = started["session"]
         return messages
 
     def step(self, task: Task, messages: list[dict], assistant_text: str) -> StepResult:
-        if not self.multi_turn:
-            return StepResult(observation=(), done=True)
-        parsed = parse_tool_calls(assistant_text)
-        turn = len(messages) - 1
-        calls = [{"id": f"call_{turn}_{k}", "name": c.name,
-                  "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)}
-                 for k, c in enumerate(parsed.calls)]
-        got = self.bridge.call("turn", session=self._session(messages), content=parsed.text, tool_calls=calls)
+        got = self.bridge.call("turn", session=self._session(messages), **turn(assistant_text, len(messages) - 1))
         return StepResult(observation=tuple(chat_message(m) for m in got["messages"]), done=got["done"])
 
     def _session(self, messages: list[dict]) -> str:
         sid = messages[0].get(SESSION)
         if sid is None:
-            raise VerifiersError("a multi-turn verifiers episode's messages must start with the ones reset() returned")
+            raise VerifiersError("a verifiers episode's messages must start with the ones reset() returned")
         return sid
 
     def _score_request(self, task: Task, messages: list[dict]):
-        if self.multi_turn:
-            return self.bridge.send("finish", session=self._session(messages))
-        completion = [{"role": m["role"], "content": m["content"]} for m in messages[len(task.prompt):]]
-        return self.bridge.send("score", split=SPLITS[task.split], index=task.info["index"], completion=completion)
+        turns = [i for i, m in enumerate(messages) if i >= len(task.prompt) and m["role"] == "assistant"]
+        last = turn(messages[-1]["content"], len(messages) - 1) if turns and turns[-1] == len(messages) - 1 else None
+        return self.bridge.send("finish", session=self._session(messages), turns=len(turns), last=last)
 
     def _score(self, fut) -> Score:
-        got = self.bridge.result("score", fut)
+        got = self.bridge.result("finish", fut)
         reward = float(got["reward"])
         return Score(min(1.0, max(0.0, reward)), {"reward": reward, **{k: float(v) for k, v in got["metrics"].items()}},
                      f"rubric: {reward:g}")
@@ -141,6 +132,16 @@ class VerifiersEnvironment(PeerEnvironment):
 
     def close(self) -> None:
         self.bridge.close()
+
+
+def turn(text: str, index: int) -> dict:
+    """gymloop's turn (the message at `index` of its episode) as verifiers gets it: the text,
+    and the tool calls in it (gymloop's one tool format) as the message's tool calls."""
+    parsed = parse_tool_calls(text)
+    return {"content": parsed.text, "tool_calls": [
+        {"id": f"call_{index}_{k}", "name": c.name,
+         "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)}
+        for k, c in enumerate(parsed.calls)]}
 
 
 def chat_message(m: dict) -> dict:

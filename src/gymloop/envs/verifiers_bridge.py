@@ -8,19 +8,20 @@ own rubric; gymloop speaks to this process in JSON lines.
 It prints {"ready": true, "multi_turn": ..., "tool_defs": ...} and answers each request line
 {"id", "op", ...}:
 - rows {split: train|eval}: the split's rows (prompt messages, answer, info, example_id);
-- score {split, index, completion}: the rubric's reward and metrics for that row's completion
-  (a single-turn environment's episode);
-- start {split, index}: a multi-turn episode: the environment's own `rollout()` runs with a
-  verifiers Client whose model is gymloop (each response is the turn gymloop sends), so its
-  stop conditions, env_response and cleanup are its own; answers the first prompt and a session;
+- start {split, index}: an episode: the environment's own `rollout()` runs with a verifiers
+  Client whose model is gymloop (each response is the turn gymloop sends), so its stop
+  conditions, env_response and cleanup are its own; answers the first prompt and a session;
 - turn {session, content, tool_calls}: gymloop's turn; answers what the environment said back
   (its env_response messages) or done;
-- finish {session}: ends the rollout where gymloop stopped (its turn limit or the model's
-  context: verifiers' OverlongPromptError, a truncation), then the rubric's reward and metrics.
+- finish {session, turns, last}: ends the rollout where gymloop stopped: a last turn the token
+  limit cut goes over as a truncated response; an episode still asking for turns (gymloop's turn
+  limit, the model's context) ends with verifiers' OverlongPromptError, a truncation; then the
+  rubric's reward and metrics.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import sys
@@ -40,6 +41,9 @@ def jsonable(value):
     return value
 
 
+FINISHED_KEPT = 4096                    # finished episodes whose scores a repeated finish answers
+
+
 class Episode:
     """One multi-turn rollout in flight: verifiers asks for model turns, gymloop answers them."""
 
@@ -47,6 +51,7 @@ class Episode:
         self.asks: asyncio.Queue = asyncio.Queue()      # each prompt verifiers asks a turn for; None: it ended
         self.answer: asyncio.Future | None = None
         self.asked = 0                                  # the length of the last prompt asked
+        self.received = 0                               # turns gymloop has sent
         self.state = None
         self.done = False
         self.task: asyncio.Task | None = None
@@ -95,14 +100,15 @@ def turns_client():
     return GymloopTurns
 
 
-def response(content: str, calls: list[dict]):
+def response(content: str, calls: list[dict], truncated: bool = False):
     """gymloop's turn as the verifiers Response a model client returns."""
     from verifiers.types import Response, ResponseMessage, ToolCall
 
     tool_calls = [ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls] or None
     return Response(id=f"gymloop-{time.time_ns()}", created=int(time.time()), model="gymloop",
-                    message=ResponseMessage(content=content, tool_calls=tool_calls, is_truncated=False,
-                                            finish_reason="tool_calls" if tool_calls else "stop"))
+                    message=ResponseMessage(content=content, tool_calls=tool_calls, is_truncated=truncated,
+                                            finish_reason="length" if truncated else
+                                            "tool_calls" if tool_calls else "stop"))
 
 
 class Bridge:
@@ -110,26 +116,16 @@ class Bridge:
 
     def __init__(self, env) -> None:
         import verifiers as vf
-        from verifiers.types import ClientConfig
-
-        self.vf, self.env, self.episodes = vf, env, {}
+        self.vf, self.env, self.episodes, self.finished = vf, env, {}, collections.OrderedDict()
         splits = {"train": env.dataset if env.dataset is not None else env.eval_dataset,
                   "eval": env.eval_dataset if env.eval_dataset is not None else env.dataset}
         self.data = {k: [dict(r) for r in d] for k, d in splits.items()}
-        # a single-turn score's state never calls its client: gymloop generated the completion
-        self.nowhere = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="GYMLOOP_UNUSED")
         self.client = turns_client()
         self.multi_turn = isinstance(env, vf.MultiTurnEnv) and not isinstance(env, vf.SingleTurnEnv)
 
     async def rows(self, split: str) -> dict:
         return {"rows": jsonable([{k: r.get(k) for k in ("prompt", "answer", "info", "example_id")}
                                   for r in self.data[split]])}
-
-    async def score(self, split: str, index: int, completion: list) -> dict:
-        state = await self.env.init_state(dict(self.data[split][index]), client=self.nowhere, model="gymloop")
-        state["completion"] = completion
-        await self.env.rubric.score_rollout(state)
-        return {"reward": state["reward"], "metrics": state["metrics"]}
 
     async def _rollout(self, ep: Episode, row: dict) -> None:
         try:
@@ -150,19 +146,31 @@ class Bridge:
             return {"done": True, "messages": []}
         asked = ep.asked
         ep.answer.set_result(response(content, tool_calls))
+        ep.received += 1
         prompt = await ep.next_prompt()
         # the new prompt is the last one, the turn, then what the environment said back
         return {"done": prompt is None, "messages": jsonable(prompt[asked + 1:] if prompt else [])}
 
-    async def finish(self, session: str) -> dict:
+    async def finish(self, session: str, turns: int, last: dict | None = None) -> dict:
+        """`turns`: how many turns the episode has on gymloop's side; `last`, its last turn, which
+        gymloop did not send when the token limit cut it: it goes over as a truncated response."""
+        if session in self.finished:             # scored before: the same answer again
+            return self.finished[session]
         ep = self.episodes.pop(session)
+        if not ep.done and last is not None and turns == ep.received + 1:
+            ep.answer.set_result(response(last["content"], last["tool_calls"], truncated=True))
+            ep.received += 1
+            await ep.next_prompt()
         while not ep.done:
             ep.answer.set_exception(self.vf.OverlongPromptError(
                 "gymloop ended the episode (its turn limit or the model's context)"))
             await ep.next_prompt()
         await ep.task
         await self.env.rubric.score_rollout(ep.state)
-        return {"reward": ep.state["reward"], "metrics": ep.state["metrics"]}
+        self.finished[session] = {"reward": ep.state["reward"], "metrics": ep.state["metrics"]}
+        if len(self.finished) > FINISHED_KEPT:
+            self.finished.popitem(last=False)
+        return self.finished[session]
 
 
 def main() -> None:
@@ -175,7 +183,7 @@ def main() -> None:
     import verifiers as vf
 
     bridge = Bridge(vf.load_environment(env_id, **args))
-    ops = {op: getattr(bridge, op) for op in ("rows", "score", "start", "turn", "finish")}
+    ops = {op: getattr(bridge, op) for op in ("rows", "start", "turn", "finish")}
 
     def reply(obj: dict) -> None:
         with lock:
