@@ -226,6 +226,25 @@ def digit_cfg(tmp_path, tiny_model_dir, **grpo):
         "eval": {"tasks": 16, "every": 0, "max_new_tokens": 1}})
 
 
+def few_grpo_steps(tmp_path, model_dir, env: dict, steps: int = 2, prompts: int = 4, new_tokens: int = 8,
+                   eval_tasks: int = 4, **over) -> tuple[dict, list[dict]]:
+    """A short GRPO run on `env` (an env block), every group trained on: its summary and its
+    train records, each checked to have no errors. `over` replaces top-level config fields."""
+    from gymloop.config import TrainConfig
+    from gymloop.orchestrator.train import train
+    from gymloop.tracking.run_dir import read_metrics
+
+    cfg = TrainConfig.model_validate({
+        "model": str(model_dir), "run_dir": str(tmp_path / "runs"), "env": env,
+        "sampling": {"max_new_tokens": new_tokens},
+        "grpo": {"steps": steps, "prompts_per_step": prompts, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
+        "eval": {"tasks": eval_tasks, "every": 0, "max_new_tokens": new_tokens}, **over})
+    summary = train(cfg, progress=False, echo=lambda m: None)
+    trained = [r for r in read_metrics(summary["run_dir"]) if r.get("kind") == "train"]
+    assert len(trained) == steps and all(r["errors"] == 0 for r in trained), trained
+    return summary, trained
+
+
 def digit_loop_cfg(root, model_dir, grpo: dict | None = None, **over):
     """A loop config on the digit task (register DigitEnv as "digit" first); `over` replaces
     top-level fields, `grpo` is merged into the GRPO settings."""

@@ -297,6 +297,9 @@ def test_a_rollout_worker_runs_vllm_and_stops_it_with_the_run(tmp_path, vllm_mod
     eventually(lambda: vllm_servers(vllm_model_dir) == [], 60, "the worker's vLLM server stops")
 
 
+FIXTURES = str(Path(__file__).parents[1] / "fixtures")
+
+
 def bridges() -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
     return [ln for ln in out if "verifiers_bridge.py" in ln and not ln.split()[1].startswith("Z")]
@@ -305,26 +308,18 @@ def bridges() -> list[str]:
 def test_rollout_workers_run_a_peer_environment_each_with_its_own_bridge(tmp_path, tiny_model_dir, local_ray):
     """A verifiers environment (multi-turn, its bridge a process of its own) on Ray: each rollout
     worker gets the environment's options and starts its own bridge; every bridge stops with the run."""
-    from conftest import needs_runtime
-    from gymloop.orchestrator.train import train
+    from conftest import few_grpo_steps, needs_runtime
 
     needs_runtime("verifiers")
     before = bridges()
-    cfg = TrainConfig.model_validate({
-        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"),
-        "env": {"name": "verifiers", "options": {"env": "vf-lookup", "path": "tests/fixtures"}, "max_turns": 3},
-        "sampling": {"max_new_tokens": 8},
-        "grpo": {"steps": 2, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
-        "eval": {"tasks": 4, "every": 0, "max_new_tokens": 8},
-        "cluster": {"backend": "ray", "workers": 2, "worker_cpus": 0.5}})
     seen = []
     watcher = threading.Thread(target=lambda: eventually(lambda: seen.append(len(bridges())) or seen[-1] >= 3, 300,
                                                          "the driver's and two workers' bridges", every_s=0.2),
                                daemon=True)
     watcher.start()
-    summary = train(cfg, progress=False, echo=lambda m: None)
+    few_grpo_steps(tmp_path, tiny_model_dir, {"name": "verifiers", "options": {"env": "vf-lookup", "path": FIXTURES},
+                                              "max_turns": 3},
+                   cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5})
     watcher.join()
-    trained = [r for r in read_metrics(Path(summary["run_dir"])) if r.get("kind") == "train"]
-    assert len(trained) == 2 and all(r["errors"] == 0 for r in trained)
     assert max(seen) >= 3                      # the driver's (evaluation) and one per worker
-    eventually(lambda: bridges() == before, 60, f"every bridge stops with the run (left: {bridges()})")
+    eventually(lambda: bridges() == before, 60, "every bridge stops with the run")

@@ -115,23 +115,13 @@ def test_validate_says_there_is_no_gold_reply(capsys):
 
 def test_grpo_trains_on_an_example(tmp_path, tok):
     """A few GRPO steps on example_single_tool_call, every episode through the server."""
-    from conftest import tiny_llama
-    from gymloop.config import TrainConfig
+    from conftest import few_grpo_steps, tiny_llama
     from gymloop.models.checkpoint import save_model
-    from gymloop.orchestrator.train import train
-    from gymloop.tracking.run_dir import read_metrics
 
     needs_runtime("nemo-gym")
     model = save_model(tiny_llama(tok.vocab_size, seed=4, positions=2048), tok, tmp_path / "tiny")
-    cfg = TrainConfig.model_validate({
-        "model": str(model), "run_dir": str(tmp_path / "runs"),
-        "env": {"name": "nemo_gym", "options": {"server": SINGLE, "heldout_fraction": 0.4}, "max_turns": 2},
-        "sampling": {"max_new_tokens": 8},
-        "grpo": {"steps": 2, "prompts_per_step": 2, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
-        "eval": {"tasks": 2, "every": 0, "max_new_tokens": 8}})
-    summary = train(cfg, progress=False, echo=lambda m: None)
-    trained = [r for r in read_metrics(summary["run_dir"]) if r.get("kind") == "train"]
-    assert len(trained) == 2 and all(r["errors"] == 0 for r in trained)
+    few_grpo_steps(tmp_path, model, {"name": "nemo_gym", "options": {"server": SINGLE, "heldout_fraction": 0.4},
+                                     "max_turns": 2}, prompts=2, eval_tasks=2)
 
 
 def test_bad_options_a_missing_runtime_and_a_dead_server_are_clear_errors(monkeypatch):

@@ -78,19 +78,11 @@ def test_validate_says_there_is_no_gold_reply(echo, capsys):
 
 def test_grpo_trains_on_it(tmp_path, tiny_model_dir, echo):
     """A few GRPO steps on the echo environment, every episode through OpenEnv's server."""
-    from gymloop.config import TrainConfig
-    from gymloop.orchestrator.train import train
-    from gymloop.tracking.run_dir import read_metrics
+    from conftest import few_grpo_steps
 
-    cfg = TrainConfig.model_validate({
-        "model": str(tiny_model_dir), "run_dir": str(tmp_path / "runs"),
-        "env": {"name": "openenv", "options": {**echo, "reward_range": [0, 1.2], "sessions": 16}, "max_turns": 1},
-        "sampling": {"max_new_tokens": 24},
-        "grpo": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3, "drop_zero_signal": False},
-        "eval": {"tasks": 8, "every": 0, "max_new_tokens": 24}})
-    summary = train(cfg, progress=False, echo=lambda m: None)
-    trained = [r for r in read_metrics(summary["run_dir"]) if r.get("kind") == "train"]
-    assert len(trained) == 3 and all(r["errors"] == 0 for r in trained)
+    summary, trained = few_grpo_steps(tmp_path, tiny_model_dir, {
+        "name": "openenv", "options": {**echo, "reward_range": [0, 1.2], "sessions": 16}, "max_turns": 1},
+        steps=3, new_tokens=24, eval_tasks=8)
     assert any(r["reward"] > 0 for r in trained) and summary["base"]["tasks"] == 8
 
 
