@@ -182,6 +182,28 @@ def test_grpo_trains_on_it(tmp_path, tiny_model_dir, options, turns):
     assert summary["final"]["components"]["num_turns"] >= 1     # its monitor rubric's: every reply reached it
 
 
+def test_a_loop_trains_and_gates_on_it_with_one_bridge_for_all_its_rounds(tmp_path, tiny_model_dir):
+    """Two loop rounds on the multi-turn vf-lookup: the target environment (its bridge) is built
+    once for the loop, serves each round's curriculum, training and gate, and closes with it."""
+    from conftest import digit_loop_cfg
+    from gymloop.loop.rounds import run_loop
+
+    needs_runtime("verifiers")
+
+    def bridges() -> int:
+        out = subprocess.run(["ps", "-ww", "-eo", "stat,args"], capture_output=True, text=True).stdout.splitlines()
+        return sum("verifiers_bridge.py vf-lookup" in ln and not ln.startswith("Z") for ln in out)
+
+    before, seen = bridges(), []
+    cfg = digit_loop_cfg(tmp_path, tiny_model_dir, {"steps": 2, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3},
+                         rounds=2, env={"name": "verifiers", "options": LOOKUP, "max_turns": 3},
+                         eval={"tasks": 4, "max_new_tokens": 8}, sampling={"max_new_tokens": 8})
+    rounds = run_loop(cfg, echo=lambda m: seen.append(bridges()))
+    assert [r["round"] for r in rounds] == [1, 2] and all("verifiers" in r["metrics"]["after"] for r in rounds)
+    assert seen and max(seen) - before == 1                   # one bridge, the loop's, through both rounds
+    assert bridges() == before
+
+
 def test_bad_options_a_missing_runtime_an_unknown_environment_and_a_dead_bridge_are_errors(monkeypatch):
     from gymloop.envs.verifiers import VerifiersError
 

@@ -13,12 +13,13 @@ from .config import CurriculumConfig
 
 
 def curriculum(cur: CurriculumConfig, target: EnvSpec, per_step: int, run_seed: int, store: Store, r: int,
-               production_share: float | None = None) -> tuple[Callable[[int], list[Task]], dict]:
+               production_share: float | None = None, env=None) -> tuple[Callable[[int], list[Task]], dict]:
     """task_source(step) for round r, `per_step` tasks a step: production failures of the target
     environment (rebuilt from their ids, recorded in the store as production tasks) and replayed
     successes, by the curriculum's shares (`production_share` overrides the first, after a drift),
-    the rest fresh train tasks drawn as the round's run draws them (seeds.step_seed of its seed)."""
-    env = make_env(target.name, **target.options)
+    the rest fresh train tasks drawn as the round's run draws them (seeds.step_seed of its seed).
+    `env`: the target environment, built already (the loop's, kept across rounds)."""
+    env = env if env is not None else make_env(target.name, **target.options)
     skipped = 0
 
     def rebuild(rows: list[dict]) -> list[Task]:

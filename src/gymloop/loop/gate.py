@@ -15,9 +15,22 @@ from ..rollout.evaluate import evaluate
 
 def suite_envs(cfg: GateRun) -> list:
     """The gate's suites: the target environment with its configured options (a loop on
-    `arith` with `digits: 3` is gated on 3-digit tasks), then every other suite by name."""
-    target = make_env(cfg.env.name, **cfg.env.options)
-    return [target] + [make_env(s) for s in cfg.suites if make_env(s).name != target.name]
+    `arith` with `digits: 3` is gated on 3-digit tasks), then every other suite by name.
+    Whoever asks closes them (close_envs): a peer's environment holds a process."""
+    suites = [make_env(cfg.env.name, **cfg.env.options)]
+    for name in cfg.suites:
+        env = make_env(name)
+        if env.name == suites[0].name:
+            close_envs([env])
+        else:
+            suites.append(env)
+    return suites
+
+
+def close_envs(envs: list) -> None:
+    for env in envs:
+        if hasattr(env, "close"):
+            env.close()
 
 
 def suite_scores(model_dir: str, suites: list, cfg: GateRun) -> dict[str, float]:
@@ -61,9 +74,12 @@ def gate_and_promote(store, candidate: str, base_dir: str, cfg: GateRun) -> dict
     says so. Returns {promoted, why, before, after, target, version, production_version}."""
     suites = suite_envs(cfg)
     target = suites[0].name
-    current = ensure_production(store, base_dir, suites, cfg)
-    before = suite_scores(current["path"], suites, cfg)
-    after = suite_scores(candidate, suites, cfg)
+    try:
+        current = ensure_production(store, base_dir, suites, cfg)
+        before = suite_scores(current["path"], suites, cfg)
+        after = suite_scores(candidate, suites, cfg)
+    finally:
+        close_envs(suites)
     ok, why = gate(before, after, target, cfg.gate)
     version = (store.versions.add(candidate, parent=current["version"], status="promoted", scores=after)
                if ok else None)

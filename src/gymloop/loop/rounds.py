@@ -28,7 +28,7 @@ from .config import LoopConfig
 from .curriculum import curriculum, lineage_start
 from .drift import detect_drift
 from .from_traces import train_on_traces
-from .gate import ensure_production, gate, suite_envs, suite_scores
+from .gate import close_envs, ensure_production, gate, suite_envs, suite_scores
 from .summary import loop_summary
 from ..tracking.report import write_loop_report
 from ..tracking.run_dir import Phases, read_metrics, write_json
@@ -53,6 +53,7 @@ class RoundContext:
     phases: Phases
     profile: Profile
     progress: bool
+    env: object = None          # the target environment, the loop's for every round
 
 
 @dataclass
@@ -77,8 +78,8 @@ def grpo_round(ctx: RoundContext) -> Trained:
                        init_trainer_state=ctx.start_dir if has_state(ctx.start_dir) else None)
     with ctx.phases.time("curriculum"):
         source, cur_stats = curriculum(cfg.curriculum, cfg.env, cfg.grpo.prompts_per_step, tcfg.seed, ctx.store, r,
-                                       cfg.drift.production_share if ctx.drift else None)
-    summary = train(tcfg, progress=ctx.progress, echo=lambda m: None, task_source=source)
+                                       cfg.drift.production_share if ctx.drift else None, env=ctx.env)
+    summary = train(tcfg, progress=ctx.progress, echo=lambda m: None, task_source=source, env=ctx.env)
     return Trained(str(Path(summary["run_dir"]) / "checkpoint"), phase_rows(summary["economics"]["phases"]),
                    training_stats(summary),
                    {k: summary["economics"].get(k) for k in ("dollars", "post_training_dollars",
@@ -100,12 +101,22 @@ ROUND_METHODS: dict[str, Callable[[RoundContext], Trained]] = {"grpo": grpo_roun
 
 
 def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None] = print) -> list[dict]:
+    """Rounds until `cfg.rounds` are committed (forever when None). The target environment is
+    built once and serves every round's curriculum, training and gate (a peer's environment
+    keeps one bridge or server for the loop, closed when it ends)."""
+    suites = suite_envs(cfg.gate_run())
+    try:
+        return _rounds(cfg, suites, progress, echo)
+    finally:
+        close_envs(suites)
+
+
+def _rounds(cfg: LoopConfig, suites: list, progress: bool, echo: Callable[[str], None]) -> list[dict]:
     store = Store(cfg.store)
     store.versions.ensure_run(cfg.name, cfg.model_dump(mode="json"))
     profiles = load_profiles(cfg.cost.profiles_file)
     profile = profiles[cfg.cost.profile]
     gate_run = cfg.gate_run()
-    suites = suite_envs(gate_run)
     target = suites[0].name
     loop_dir = Path(cfg.run_dir) / cfg.name
     bar = progress_bar(None, f"loop {cfg.name}", progress, "round", total=cfg.rounds,
@@ -127,7 +138,8 @@ def run_loop(cfg: LoopConfig, progress: bool = False, echo: Callable[[str], None
             echo(f"round {r}: drift " + ", ".join(
                 f"{e['env']} ({'production failure rate' if e['kind'] == 'production' else 'held-out score'} "
                 f"{e['before']:.0%} -> {e['after']:.0%})" for e in drift))
-        ctx = RoundContext(cfg, store, r, start_dir, loop_dir / f"round-{r:04d}", bool(drift), phases, profile, progress)
+        ctx = RoundContext(cfg, store, r, start_dir, loop_dir / f"round-{r:04d}", bool(drift), phases, profile, progress,
+                           env=suites[0])
         trained = ROUND_METHODS[cfg.round.method](ctx)
         candidate = trained.candidate
         with phases.time("gate_evaluation"):
