@@ -23,6 +23,7 @@ from pathlib import Path
 
 # src/gymloop -> the checkout, where the locks are and the venvs go
 CHECKOUT = Path(__file__).resolve().parents[2]
+BRIDGE_RUNNER = Path(__file__).with_name("bridge_runner.py")      # a Channel's peer side
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,16 @@ class Process:
 
 
 class Channel:
-    """A bridge script in a runtime and its JSON-lines protocol: `call(op, ...)` sends
-    {"id", "op", ...} and waits for the answer with that id ({"ok": true, ...} or {"ok": false,
-    "error"}); requests may overlap. Every failure is `error(message)`: an exited bridge, an
+    """A bridge script in a runtime (run by bridge_runner.py, the protocol's peer side) and its
+    JSON-lines protocol: `call(op, ...)` sends {"id", "op", ...} and waits for the answer with
+    that id ({"ok": true, ...} or {"ok": false, "error"}); requests may overlap. Every failure is `error(message)`: an exited bridge, an
     answer that did not come in `timeout_s`, an error answer."""
 
     def __init__(self, runtime: str, script: Path, args: list[str], timeout_s: float, what: str,
                  error: type[Exception] = RuntimeError) -> None:
         self.timeout_s, self.what, self.error = timeout_s, what, error
-        try:
-            self.process = Process(runtime, script, args, max(timeout_s, 120))
+        try:      # the protocol's other side runs the bridge script (its setup() and handler)
+            self.process = Process(runtime, BRIDGE_RUNNER, [str(script), *args], max(timeout_s, 120))
         except RuntimeMissing:
             raise
         except RuntimeError as exc:

@@ -2,12 +2,12 @@
 imports nothing of gymloop: OpenEnv's own client (`GenericEnvClient`, one WebSocket session per
 episode) speaks to the server, and gymloop speaks to this process in JSON lines.
 
-    python -P openenv_bridge.py (--app module:app [--path DIR] [--sessions N] | --url URL)
+    python -P bridge_runner.py openenv_bridge.py (--app module:app [--path DIR] [--sessions N] | --url URL)
 
 With --app it serves the environment's own app (`create_app(...)`, unchanged; with --sessions,
-rebuilt by the same create_app allowing N concurrent sessions) with uvicorn in a thread on loopback. Then it prints {"ready": true, "url": ...} and answers each request line,
-{"id", "op": open|reset|step|close|schema, "session", ...}, with {"id", "ok": true, ...} or
-{"id", "ok": false, "error": ...}; requests run concurrently.
+rebuilt by the same create_app allowing N concurrent sessions) with uvicorn in a thread on
+loopback. Its ready line is {"ready": true, "url": ...}; its requests are
+{"id", "op": open|reset|step|close|schema, "session", ...} (bridge_runner.py runs the protocol).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import os
 import socket
 import sys
 import threading
@@ -95,40 +94,15 @@ async def handle(req: dict, url: str, sessions: dict) -> dict:
     raise ValueError(f"unknown op {op!r}")
 
 
-def main() -> None:
+def setup(argv: list[str]):
+    """The ready line and the request handler (see bridge_runner.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--app")
     ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--url")
     ap.add_argument("--sessions", type=int)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     sys.path[:0] = args.path
     url = serve_app(args.app, args.sessions) if args.app else args.url.rstrip("/")
-    out, lock = sys.stdout, threading.Lock()
-    sys.stdout = sys.stderr                  # what the environment prints stays off the protocol
-
-    def reply(obj: dict) -> None:
-        with lock:
-            out.write(json.dumps(obj) + "\n")
-            out.flush()
-
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
     sessions: dict = {}
-
-    async def run(req: dict) -> None:
-        try:
-            reply({"id": req["id"], "ok": True, **await handle(req, url, sessions)})
-        except Exception as exc:  # noqa: BLE001 - the environment's error, sent to gymloop
-            reply({"id": req["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"})
-
-    reply({"ready": True, "url": url})
-    for line in sys.stdin:
-        if line.strip():
-            asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
-    # gymloop closed stdin (or died): exit now, whatever threads the server or client left
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
+    return {"ready": True, "url": url}, lambda req: handle(req, url, sessions)

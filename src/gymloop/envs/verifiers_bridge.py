@@ -1,12 +1,11 @@
 """gymloop's bridge to a verifiers environment (the v0 API: `load_environment(**args)` -> an
 Environment with a dataset and a Rubric), run by verifiers' runtime python (its own venv), so it
 imports nothing of gymloop. The environment's own code builds its dataset and scores with its
-own rubric; gymloop speaks to this process in JSON lines.
+own rubric; gymloop speaks to this process in JSON lines (bridge_runner.py runs the protocol).
 
-    python -P verifiers_bridge.py ENV_ID ARGS_JSON [--path DIR ...]
+    python -P bridge_runner.py verifiers_bridge.py ENV_ID ARGS_JSON [--path DIR ...]
 
-It prints {"ready": true, "multi_turn": ..., "tool_defs": ...} and answers each request line
-{"id", "op", ...}:
+Its ready line is {"ready": true, "multi_turn": ..., "tool_defs": ...}; its requests, {"id", "op", ...}:
 - rows {split: train|eval}: the split's rows (prompt messages, answer, info, example_id);
 - start {split, index}: an episode: the environment's own `rollout()` runs with a verifiers
   Client whose model is gymloop (each response is the turn gymloop sends), so its stop
@@ -23,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import sys
-import threading
 import time
 import uuid
 
@@ -173,41 +170,20 @@ class Bridge:
         return self.finished[session]
 
 
-def main() -> None:
-    env_id, args = sys.argv[1], json.loads(sys.argv[2])
-    for i, a in enumerate(sys.argv):
+def setup(argv: list[str]):
+    """The ready line and the request handler (see bridge_runner.py)."""
+    env_id, args = argv[0], json.loads(argv[1])
+    for i, a in enumerate(argv):
         if a == "--path":
-            sys.path.insert(0, sys.argv[i + 1])
-    out, lock = sys.stdout, threading.Lock()
-    sys.stdout = sys.stderr                  # what the environment prints stays off the protocol
+            sys.path.insert(0, argv[i + 1])
     import verifiers as vf
 
     bridge = Bridge(vf.load_environment(env_id, **args))
     ops = {op: getattr(bridge, op) for op in ("rows", "start", "turn", "finish")}
 
-    def reply(obj: dict) -> None:
-        with lock:
-            out.write(json.dumps(obj) + "\n")
-            out.flush()
+    async def handle(req: dict) -> dict:
+        return await ops[req["op"]](**{k: v for k, v in req.items() if k not in ("id", "op")})
 
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-
-    async def run(req: dict) -> None:
-        try:
-            fields = {k: v for k, v in req.items() if k not in ("id", "op")}
-            reply({"id": req["id"], "ok": True, **await ops[req["op"]](**fields)})
-        except Exception as exc:  # noqa: BLE001 - the environment's error, sent to gymloop
-            reply({"id": req["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"})
-
-    reply({"ready": True, "multi_turn": bridge.multi_turn, "kind": type(bridge.env).__name__,
-           "tool_defs": jsonable(list(getattr(bridge.env, "tool_defs", None) or []))})
-    for line in sys.stdin:
-        if line.strip():
-            asyncio.run_coroutine_threadsafe(run(json.loads(line)), loop)
-    # gymloop closed stdin (or died): exit now, whatever threads or rollouts the environment left
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
+    ready = {"ready": True, "multi_turn": bridge.multi_turn, "kind": type(bridge.env).__name__,
+             "tool_defs": jsonable(list(getattr(bridge.env, "tool_defs", None) or []))}
+    return ready, handle
