@@ -77,24 +77,34 @@ def tiny_model_dir(tmp_path_factory, tok):
     return path
 
 
-def overfit(tok: ChatTokenizer, rows: list[dict], *, steps: int = 150, seed: int = 0, heads: int = 4):
+def overfit(tok: ChatTokenizer, rows: list[dict], *, seed: int = 0, heads: int = 4, margin: float = 2.0,
+            max_steps: int = 3000):
     """A tiny model that has learnt `rows` (supervised rows: messages, tools) by heart, trained on
     the tokens gymloop's fine-tuning renders them to: served greedily, it replies as they do.
+
+    Trained to a criterion, not a step count (150 steps were enough on one CPU and not on another):
+    until at every trained position the target's logit leads every other by `margin`, so greedy
+    decoding reproduces the rows on any engine whose float rounding differs from this one's.
     (heads 2: a head size of 32, which vLLM's CPU attention supports.)"""
     from gymloop.finetune.examples import sft_examples
 
     batch = sft_examples(tok, rows).batch(list(range(len(rows))))
+    torch.manual_seed(seed)
     model = tiny_llama(tok.vocab_size, hidden=64, heads=heads, seed=seed, positions=512).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    target, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]
-    for _ in range(steps):
-        logits = model(batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    target, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:].bool()
+    for _ in range(max_steps):
+        logits = model(batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]   # [B, T-1, V]
+        gold = logits.gather(-1, target[..., None])[..., 0]                                 # [B, T-1]
+        rival = logits.scatter(-1, target[..., None], float("-inf")).max(-1).values          # [B, T-1]
+        if bool(((gold - rival)[mask] > margin).all()):
+            return model.eval()
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
         loss = (nll * mask).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return model.eval()
+    raise AssertionError(f"overfit: the rows were not learnt by heart in {max_steps} steps (loss {loss.item():.4f})")
 
 
 def agent_rows() -> list[dict]:
@@ -126,6 +136,16 @@ def tool_model_dir(tmp_path_factory, tok):
 
     path = tmp_path_factory.mktemp("models") / "tool-caller"
     save_model(overfit(tok, agent_rows()), tok, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir_vllm(tmp_path_factory, tok):
+    """tool_model_dir's model with a head size vLLM's CPU attention supports (32)."""
+    from gymloop.models.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("models") / "tool-caller-vllm"
+    save_model(overfit(tok, agent_rows(), heads=2), tok, path)
     return path
 
 

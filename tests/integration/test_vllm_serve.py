@@ -27,11 +27,9 @@ PLAIN = [{"role": "user", "content": "How many pear are in stock?"}]
 
 
 @pytest.fixture(scope="module")
-def agent_dir(tmp_path_factory, tok):
+def agent_dir(tool_model_dir_vllm):
     """A tiny agent that calls get_stock for the question it learnt (head size 32 for vLLM)."""
-    from gymloop.models.checkpoint import save_model
-
-    return save_model(overfit(tok, agent_rows(), heads=2), tok, tmp_path_factory.mktemp("vllm-serve") / "agent")
+    return tool_model_dir_vllm
 
 
 @pytest.fixture(scope="module")
