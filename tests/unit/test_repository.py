@@ -65,6 +65,7 @@ SLEEPS = {
     ("integration/test_sandbox_security.py", "test_setsid_double_fork_does_not_survive"):
         "the untrusted program's own sleeps (a grandchild that would outlive the run)",
     ("integration/test_sandbox_soak.py", "<module>"): "an untrusted program's own sleep (a setsid escape attempt)",
+    ("fixtures/agent_programs/clerk.py", "slow"): "an agent program that runs past its time limit on purpose",
 }
 
 

@@ -105,6 +105,10 @@ class Environment(ABC):
     """Multi-turn text environment with its own verifier."""
 
     name: str
+    # True for an environment whose episodes a program drives (an agent program calling the model
+    # through an endpoint): `rollout.collect` hands it the engine (run_episodes) instead of
+    # generating each turn itself.
+    runs_episodes: bool = False
 
     @abstractmethod
     def sample_tasks(self, n: int, split: Split, seed: int) -> list[Task]:
@@ -149,6 +153,14 @@ class Environment(ABC):
     def wrong_turns(self, task: Task) -> list[str] | None:
         """Turns of a known-wrong episode, which must score below 1.0 (None: no such check)."""
         return None
+
+    def run_episodes(self, engine, tok, tasks: list[Task], n_per_task: int, params, max_total_tokens: int):
+        """(rollouts, stats) of `n_per_task` episodes of every task, members of a group adjacent,
+        for an environment that `runs_episodes`."""
+        raise NotImplementedError(f"environment {self.name!r} does not run its own episodes")
+
+    def close(self) -> None:
+        """Release what the environment holds (a peer's process, a sandbox pool, an endpoint)."""
 
 
 class PeerEnvironment(Environment):

@@ -66,6 +66,9 @@ BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("openenv", _lazy(".openenv", "make_openenv"),
              "an OpenEnv server, unchanged (app: module:app, or url), in OpenEnv's runtime; the return is the reward "
              "(`gymloop envs install openenv`)"),
+    EnvEntry("agent", _lazy("..agents.env", "make_agent"),
+             "your agent program, unchanged (harness: module:function, or command: [argv]), on tasks from a file "
+             "(tasks: FILE.jsonl); it calls the model through an OpenAI endpoint and returns its reward"),
     EnvEntry("humaneval", _lazy(".humaneval", "make_humaneval"), "the 164 HumanEval problems, their own tests in the sandbox"),
     EnvEntry("reasoning_gym", _lazy(".reasoning_gym", "make_reasoning_gym"),
              "any reasoning-gym dataset (dataset: NAME), scored by its own scorer"),
@@ -77,7 +80,7 @@ BUILTIN: tuple[EnvEntry, ...] = (
 )
 
 # built-ins that build only from a file (options path: ...); `validate all` skips them
-NEEDS_FILE = ("jsonl", "graded", "swe", "openenv", "nemo_gym", "verifiers")   # swe: the tasks `gymloop swe build` makes; openenv: a server
+NEEDS_FILE = ("jsonl", "graded", "swe", "openenv", "nemo_gym", "verifiers", "agent")   # swe: the tasks `gymloop swe build` makes; openenv: a server
 
 
 class Registry:

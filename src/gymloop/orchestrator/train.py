@@ -39,7 +39,7 @@ from ..tracking.run_dir import Phases, RunDir
 from ..algorithms import Advantages, PolicyLoss, advantages_for, overlong_penalty, weighted_components
 from ..trainer.objectives import PolicyObjective
 from ..trainer.state import STATE_FILE
-from ..trainer.trainer import Trainer, rollouts_to_batch
+from ..trainer.trainer import Trainer, rollouts_to_batch, training_rows
 
 # the clock of learning alone (no evaluation, no pre-training, no set-up)
 LEARN_PHASES = ("generation", "verification", "rollout_wait", "training", "weight_sync")
@@ -353,12 +353,22 @@ def update(run: Run, adv: Advantages) -> tuple[dict, int]:
         run.progress.total_groups += adv.groups
         if not adv.rollouts:
             return {}, 0
-        batch = rollouts_to_batch(adv.rollouts, run.tok.pad_token_id, replay=g.router_replay)
-        objective = PolicyObjective(run.loss, adv.advantages, run.cfg.sampling.temperature)
+        rows, advantages = training_rows(adv.rollouts, adv.advantages)
+        batch = rollouts_to_batch(rows, run.tok.pad_token_id, replay=g.router_replay)
+        objective = PolicyObjective(run.loss, advantages, run.cfg.sampling.temperature)
         metrics = run.trainer.step(batch, objective, epochs=g.epochs, minibatches=g.minibatches)
         trained = int(batch.attention_mask.sum()) * g.epochs
         run.ledger.add("training", trained_tokens=trained)
     return metrics, trained
+
+
+def _agent_metrics(env, st) -> dict:
+    """An agent program's episodes: model calls and training sequences per episode, and how many
+    episodes failed as programs (left out of training)."""
+    if not env.runs_episodes:
+        return {}
+    return {"agent_calls": st.calls / max(st.episodes, 1), "agent_segments": st.segments / max(st.episodes, 1),
+            "agent_errors": st.errors}
 
 
 def log_step(run: Run, step: int, got, rollouts, st, adv, refills: int, metrics: dict, bar) -> float:
@@ -370,7 +380,7 @@ def log_step(run: Run, step: int, got, rollouts, st, adv, refills: int, metrics:
                     zero_signal_frac=adv.zero_signal_groups / max(adv.groups, 1),
                     trained_rollouts=len(adv.rollouts), generated_tokens=st.generated_tokens,
                     gen_seconds=st.gen_seconds, staleness=step - 1 - got.versions[0],
-                    dropped_stale=got.dropped_stale, refills=refills, **metrics)
+                    dropped_stale=got.dropped_stale, refills=refills, **_agent_metrics(run.env, st), **metrics)
         held = {"held": f"{run.progress.last['pass1']:.2f}"} if run.progress.last else {}
         bar.set_postfix(reward=f"{reward:.2f}", **held, refresh=False)
     return reward

@@ -18,6 +18,23 @@ from ..envs.base import Environment, Message, Score, Task
 
 
 
+
+@dataclass
+class Segment:
+    """One token sequence of an agent program's episode (agents/capture.py merges its calls into
+    them): prompt_ids, then token_ids with mask (1 on sampled tokens) and logprobs (behaviour
+    log-probs on sampled tokens, 0 elsewhere) aligned with it."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    calls: int = 0
+    messages: list[dict] = field(default_factory=list)     # the conversation so far, the last reply included
+    tools: list[dict] | None = None
+    ended: bool = True                                      # the last sample ended its turn
+
+
 @dataclass
 class Rollout:
     """One finished episode.
@@ -40,6 +57,10 @@ class Rollout:
     # MoE router replay: the experts of prompt_ids + token_ids[:-1], [layers, L - 1, k], as a numpy
     # array: rollouts cross process boundaries (the collector process) by value, not shared memory
     routing: "np.ndarray | None" = None
+    # an agent program's episode: its model calls, and the further token sequences it left (calls
+    # that continued no earlier one: agents/capture.py), trained with the episode's advantage
+    calls: int = 0
+    segments: list[Segment] = field(default_factory=list)
 
     @property
     def reward(self) -> float:
@@ -52,7 +73,14 @@ class Rollout:
 
     @property
     def generated_tokens(self) -> int:
-        return sum(self.mask)
+        return sum(self.mask) + sum(sum(s.mask) for s in self.segments)
+
+    def sequences(self) -> list["Rollout"]:
+        """The episode's training rows: itself, then one per further segment (the same task,
+        score and version)."""
+        return [self] + [Rollout(task=self.task, prompt_ids=s.prompt_ids, token_ids=s.token_ids, mask=s.mask,
+                                 logprobs=s.logprobs, score=self.score, version=self.version)
+                         for s in self.segments]
 
 
 @dataclass
@@ -63,6 +91,8 @@ class RolloutStats:
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
     errors: int = 0
+    calls: int = 0                 # agent programs' model calls
+    segments: int = 0              # ... and the training sequences they made
 
     def add(self, other: "RolloutStats") -> None:
         """Accumulate another batch run after this one (counts and seconds both add)."""
@@ -78,6 +108,8 @@ def collect(engine: Engine, tok: ChatTokenizer, env: Environment, tasks: Sequenc
     Every live episode's next turn is generated in one engine batch, so multi-turn episodes
     share the engine as single-turn ones do.
     """
+    if env.runs_episodes:      # an agent program drives its own episodes through an endpoint on `engine`
+        return env.run_episodes(engine, tok, tasks, n_per_task, params, max_total_tokens)
     stats = RolloutStats()
     eos = tuple(sorted(set(params.stop_token_ids) | set(tok.eos_token_ids)))
     params = SamplingParams(**{**params.__dict__, "stop_token_ids": eos})

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..models.chat import ChatTokenizer
 from ..models.toolcalls import reply_message
 from .config import ServeConfig
-from .core import MAX_N, Prepared, Streamed, check_prompt, check_token_limits, commit_trace, generate, reply_text, \
-    resolve, sampling
+from .core import MAX_N, Prepared, Streamed, check_prompt, check_token_limits, commit_trace, for_caller, generate, \
+    record_calls, reply_text, resolve, sampling
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
@@ -124,8 +124,9 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     batcher, tok, name = await resolve(svc, req.model, who)
     check_token_limits(cfg, req, ("max_tokens", "max_completion_tokens"))
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = [t.model_dump() for t in req.tools] if req.tools else None
     try:
-        prompt = tok.prompt_ids(messages, tools=[t.model_dump() for t in req.tools] if req.tools else None)
+        prompt = tok.prompt_ids(messages, tools=tools)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render this input
         raise APIError(400, f"messages could not be rendered by the chat template: {exc}") from None
     check_prompt(cfg, prompt, "messages")
@@ -134,8 +135,8 @@ async def prepare(svc: Services, req: ChatRequest, who: Caller) -> Prepared:
     params, stop = sampling(tok, req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens,
                             req.temperature, req.top_p, req.stop, req.seed,
                             (req.top_logprobs or 0) if req.logprobs else 0)
-    return Prepared(req, who, batcher, tok, name, prompt, params, stop,
-                    calls=bool(req.tools) and req.tool_choice != "none", n=req.n)
+    return Prepared(req, who, batcher, tok, name, prompt, for_caller(svc, who, params, prompt), stop,
+                    calls=bool(req.tools) and req.tool_choice != "none", messages=messages, tools=tools, n=req.n)
 
 
 def choice(p: Prepared, gen, index: int) -> dict:
@@ -159,6 +160,7 @@ async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[
             "choices": [choice(p, g, i) for i, g in enumerate(gens)],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
             **({"prompt_token_ids": list(p.prompt)} if p.req.return_token_ids else {})}
+    record_calls(svc, p, gens, version)
     return body, await commit_trace(svc, p, body, version, n_gen)
 
 

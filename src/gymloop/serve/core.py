@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine import SamplingParams
 from ..models.chat import ChatTokenizer
-from ..models.toolcalls import visible_text
+from ..models.toolcalls import reply_message, visible_text
 from .batcher import Batcher, BatcherStopped
 from .config import ServeConfig
 from .http import APIError
@@ -42,6 +42,8 @@ class Prepared:
     params: SamplingParams
     stop: tuple[str, ...]
     calls: bool = False          # replies are read for tool calls (the request gave tools)
+    messages: list[dict] = field(default_factory=list)   # the conversation as rendered (chat messages)
+    tools: list[dict] | None = None                      # the tools as rendered (OpenAI's chat form)
     n: int = 1                   # choices: samples of the prompt, one group of the engine's batch
     cid: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -84,6 +86,29 @@ def sampling(tok: ChatTokenizer, max_new_tokens: int, temperature: float, top_p:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature if temperature >= 1e-4 else 0.0,
                           top_p=top_p, stop_token_ids=tok.eos_token_ids, stop=stops, seed=seed,
                           top_logprobs=top_logprobs), stops
+
+
+def for_caller(svc: Services, who: Caller, params: SamplingParams, prompt: list[int]) -> SamplingParams:
+    """The sampling a request runs with: its own, except an agent program's episode, which samples
+    as the training run does (the behaviour log-probs must be the policy's, whatever it asks),
+    within the room its prompt leaves in the context (the gateway's max_prompt_tokens)."""
+    if who.episode is None or svc.capture is None:
+        return params
+    return svc.capture.sampling(who.episode, params, room=svc.cfg.max_prompt_tokens - len(prompt))
+
+
+def record_calls(svc: Services, p: Prepared, gens: list, version: int) -> None:
+    """An agent program's episode: each choice's exact ids and behaviour log-probs, with the
+    conversation it answered and the reply the program got (agents/capture.py merges them)."""
+    if p.caller.episode is None or svc.capture is None:
+        return
+    eos = set(p.tok.eos_token_ids)
+    for gen in gens:
+        content, calls = reply_message(reply_text(p, gen)) if p.calls else (reply_text(p, gen), [])
+        reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        svc.capture.record(p.caller.episode, messages=p.messages, tools=p.tools, prompt_ids=list(p.prompt),
+                           token_ids=list(gen.token_ids), logprobs=list(gen.logprobs), reply=reply, version=version,
+                           ended=bool(gen.token_ids) and gen.token_ids[-1] in eos)
 
 
 def reply_text(p: Prepared, gen) -> str:

@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..models.toolcalls import reply_message
-from .core import Prepared, Streamed, check_prompt, commit_trace, generate, reply_text, resolve, sampling
+from .core import Prepared, Streamed, check_prompt, commit_trace, for_caller, generate, record_calls, reply_text, \
+    resolve, sampling
 from .config import ServeConfig
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
@@ -172,7 +173,8 @@ async def _prepare(svc: Services, req: ResponseRequest, who: Caller) -> tuple[Pr
         raise APIError(400, f"input could not be rendered by the chat template: {exc}") from None
     check_prompt(svc.cfg, prompt, "input")
     params, stop = sampling(tok, req.max_output_tokens or svc.cfg.default_max_tokens, req.temperature, req.top_p)
-    p = Prepared(req, who, batcher, tok, name, prompt, params, stop, calls=bool(req.tools) and req.tool_choice != "none")
+    p = Prepared(req, who, batcher, tok, name, prompt, for_caller(svc, who, params, prompt), stop,
+                 calls=bool(req.tools) and req.tool_choice != "none", messages=messages, tools=tools or None)
     return p.with_id_prefix("resp_"), messages
 
 
@@ -213,6 +215,7 @@ async def _committed(svc: Services, p: Prepared, gen, version: int, messages: li
     """The response body, once its trace is committed (the conversation as answered rides with the
     request, so previous_response_id can continue it)."""
     body = response_body(p, gen, version)
+    record_calls(svc, p, [gen], version)
     await commit_trace(svc, p, body, version, len(gen.token_ids),
                        request={**p.req.model_dump(exclude_none=True), "gymloop_messages": messages})
     return body

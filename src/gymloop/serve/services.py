@@ -27,6 +27,7 @@ class Caller:
     key_id: str | None
     tenant: str
     admin: bool
+    episode: str | None = None      # an agent program's episode key (agents/gateway.py): its calls are captured
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Services:
     serving_ledger: object = None        # accounting.rows.ServingLedger, set by serve.build
     worker: object = None                # finetune.worker.JobWorker beside the server, when it runs one
     follower: object = None              # server.Follower: the promotion follower's checks, set by serve.build
+    capture: object = None               # agents.gateway.Capture: episode keys whose calls are recorded as tokens
 
     @classmethod
     def of(cls, cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokenizer, load) -> "Services":
@@ -57,6 +59,8 @@ class Services:
         if not self.cfg.require_auth:
             return Caller(None, "org-public", False)
         key = bearer(request)
+        if self.capture is not None and self.capture.is_open(key):
+            return Caller(key[:4] + "…", "org-agents", False, episode=key)
         if not key or key not in self.keys:
             raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "authentication_error")
         return Caller(key[:4] + "…", "org-" + hashlib.sha256(key.encode()).hexdigest()[:12],

@@ -40,6 +40,16 @@ def rollouts_to_batch(rollouts: Sequence[Rollout], pad_id: int, replay: bool = F
     return batch
 
 
+def training_rows(rollouts: Sequence[Rollout], advantages: torch.Tensor) -> tuple[list[Rollout], torch.Tensor]:
+    """Each episode's training rows (an agent program's episode can leave several sequences:
+    Rollout.sequences) and their advantages [rows]: every row of an episode gets the episode's."""
+    rows = [s for r in rollouts for s in r.sequences()]
+    if len(rows) == len(rollouts):
+        return list(rollouts), advantages
+    counts = torch.tensor([1 + len(r.segments) for r in rollouts])
+    return rows, advantages.repeat_interleave(counts)
+
+
 def _all_reduce_grads(model: torch.nn.Module) -> None:
     """Sum gradients over ranks (each rank's loss is already divided by the global count).
 

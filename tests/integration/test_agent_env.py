@@ -1,0 +1,159 @@
+"""The `agent` environment: a program that makes its own model calls, unchanged, as the rollout.
+Real programs (tests/fixtures/agent_programs: a plain openai loop, the Agents SDK on both its
+models, a command) call a real endpoint on a real engine (a tiny model that has learnt the clerk's
+conversation); training sees the exact ids the engine sampled; a program's failures are errors."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import few_grpo_steps, needs_vllm
+from gymloop.engine import Engine, SamplingParams
+from gymloop.envs import make_env
+from gymloop.models.checkpoint import load_model
+from gymloop.rollout.episodes import collect
+
+PROGRAMS = Path(__file__).parent.parent / "fixtures" / "agent_programs"
+sys.path.insert(0, str(PROGRAMS))      # the module the harness option names: the test reads what it kept
+# near-greedy: the tiny model then answers as it learnt (the run's sampling, whatever the program asks)
+PARAMS = SamplingParams(max_new_tokens=80, temperature=0.05)
+
+
+@pytest.fixture(scope="module")
+def tasks_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("agent") / "tasks.jsonl"
+    rows = [{"id": "apple-1", "item": "apple"}, {"id": "apple-2", "item": "apple", "note": "kept as is"},
+            {"id": "apple-h", "item": "apple", "split": "heldout"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def policy(tool_model_dir):
+    model, tok = load_model(tool_model_dir)
+    return Engine(model, tok.pad_token_id, decode=tok.decode), tok
+
+
+def agent_env(tasks_file: str, **options):
+    if "harness" in options:
+        options = {"path": str(PROGRAMS), **options, "harness": "clerk:" + options["harness"]}
+    return make_env("agent", **{"tasks": tasks_file, "timeout_s": 60, "concurrency": 4, **options})
+
+
+def run(env, policy, n: int = 2, params: SamplingParams = PARAMS):
+    engine, tok = policy
+    try:
+        return collect(engine, tok, env, env.sample_tasks(2, "train", seed=0), n, params)
+    finally:
+        env.close()
+
+
+def test_plain_openai_loop_trains_on_exactly_the_ids_it_was_served(tasks_file, policy):
+    import clerk
+
+    env = agent_env(tasks_file, harness="chat_loop")
+    rollouts, stats = run(env, policy)
+    assert len(rollouts) == 4 and stats.errors == 0 and all(r.ok for r in rollouts)
+    # the clerk calls get_stock, gets 7, answers 7: two calls, one sequence, reward 1
+    assert [(r.calls, len(r.segments), r.reward) for r in rollouts] == [(2, 0, 1.0)] * 4
+    assert stats.calls == 8 and stats.segments == 4
+    served = [clerk.SAMPLED.pop(k) for k in list(clerk.SAMPLED)]
+    trained = {tuple(t for t, m in zip(r.token_ids, r.mask) if m) for r in rollouts}
+    # every sampled position of every episode holds the ids (and log-probs) the server returned
+    assert trained == {tuple(x for c in s for x in c["token_ids"]) for s in served}
+    for r in rollouts:
+        lps = [lp for lp, m in zip(r.logprobs, r.mask) if m]
+        assert any(lps == [x for c in s for x in c["logprobs"]] for s in served)
+    assert rollouts[0].task.info["item"] == "apple" and rollouts[1].version == 0
+
+
+@pytest.mark.parametrize("harness", ["sdk_chat", "sdk_responses"])
+def test_an_agents_sdk_agent_unchanged(tasks_file, policy, harness):
+    rollouts, stats = run(agent_env(tasks_file, harness=harness), policy)
+    assert stats.errors == 0, [r.score.error for r in rollouts]
+    assert [(r.calls, len(r.segments), r.reward) for r in rollouts] == [(2, 0, 1.0)] * 4
+    tok = policy[1]
+    trained = tok.decode([t for t, m in zip(rollouts[0].token_ids, rollouts[0].mask) if m])
+    assert trained.startswith("<tool_call>") and "get_stock" in trained and trained.endswith("7")
+    if harness == "sdk_responses":
+        assert rollouts[0].score.components == {"reward": 1.0, "answered": 1.0}
+
+
+def test_a_command_in_its_own_process(tasks_file, policy):
+    env = agent_env(tasks_file, command=[sys.executable, str(PROGRAMS / "command.py")])
+    rollouts, stats = run(env, policy)
+    assert stats.errors == 0 and [(r.calls, r.reward) for r in rollouts] == [(2, 1.0)] * 4
+
+
+def test_a_program_that_rewrites_its_history_leaves_two_segments(tasks_file, policy):
+    rollouts, stats = run(agent_env(tasks_file, harness="rewriter"), policy)
+    assert stats.errors == 0
+    for r in rollouts:
+        assert r.calls == 2 and len(r.segments) == 1
+        (seg,) = r.segments
+        assert len(r.sequences()) == 2 and sum(seg.mask) == len(seg.token_ids)   # the second call's sample alone
+    assert stats.segments == 8
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"harness": "raises"}, "the program raised KeyError: 'the tool registry lost its entry'"),
+    ({"harness": "out_of_range"}, "reward 3 is outside [0, 1]"),
+    ({"harness": "other_model"}, "the program raised NotFoundError"),
+    ({"harness": "silent"}, "the program made no model call"),
+    ({"harness": "slow", "timeout_s": 3}, "the program ran past timeout_s 3"),
+    ({"command": [sys.executable, str(PROGRAMS / "command.py"), "--exit", "3"]},
+     "the program exited with 3: something broke"),
+    ({"command": [sys.executable, str(PROGRAMS / "command.py"), "--no-reward"]},
+     "its last stdout line is not JSON: 'the clerk is done'"),
+    ({"command": [sys.executable, str(PROGRAMS / "command.py"), "--reward", "-0.5"]}, "reward -0.5 is outside [0, 1]"),
+    ({"command": ["/no/such/program"]}, "cannot start '/no/such/program'"),
+])
+def test_a_failing_program_is_an_error_never_a_reward(tasks_file, policy, options, error):
+    rollouts, stats = run(agent_env(tasks_file, **options), policy, n=1)
+    assert stats.errors == 2 and not any(r.ok for r in rollouts)
+    for r in rollouts:
+        assert error in r.score.error and r.score.error.startswith(f"task {r.task.id}:")
+
+
+def test_options_are_checked_before_anything_runs(tasks_file, tmp_path):
+    with pytest.raises(ValueError, match="exactly one of harness"):
+        make_env("agent", tasks=tasks_file)
+    with pytest.raises(ValueError, match="does not exist"):
+        make_env("agent", harness="clerk:chat_loop", tasks=str(tmp_path / "none.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a"}\n{"item": "pear"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: a task is a JSON object with an 'id'"):
+        make_env("agent", harness="clerk:chat_loop", tasks=str(bad))
+    env = make_env("agent", harness="clerk:no_such", path=str(PROGRAMS), tasks=tasks_file)
+    with pytest.raises(ValueError, match="cannot import it"):
+        env.runner()
+
+
+def test_grpo_steps_through_an_agents_sdk_program(tmp_path, tool_model_dir, tasks_file):
+    summary, trained = few_grpo_steps(tmp_path, tool_model_dir, {"name": "agent", "options": {
+        "harness": "clerk:sdk_chat", "path": str(PROGRAMS), "tasks": tasks_file, "concurrency": 4}},
+        steps=2, prompts=2, new_tokens=80, eval_tasks=1)
+    for rec in trained:
+        assert rec["agent_errors"] == 0 and rec["agent_calls"] >= 1 and rec["agent_segments"] >= 1
+        assert "approx_kl_behaviour" in rec
+    assert summary["final"] is not None and summary["heldout_tasks"] == 1
+
+
+def test_on_vllm_the_trained_ids_are_vllms_samples(tasks_file, tool_model_dir_vllm):
+    needs_vllm()
+    import clerk
+    from gymloop.engine.vllm import VLLMEngine
+
+    model, tok = load_model(tool_model_dir_vllm)
+    engine = VLLMEngine.start(tool_model_dir_vllm, tok.pad_token_id, decode=tok.decode)
+    try:
+        clerk.SAMPLED.clear()
+        rollouts, stats = run(agent_env(tasks_file, harness="chat_loop"), (engine, tok))
+    finally:
+        engine.close()
+    assert stats.errors == 0 and all(r.calls == 2 and not r.segments for r in rollouts)
+    served = {tuple(x for c in s for x in c["token_ids"]) for s in clerk.SAMPLED.values()}
+    assert {tuple(t for t, m in zip(r.token_ids, r.mask) if m) for r in rollouts} == served
