@@ -19,17 +19,21 @@ at once.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import inspect
 import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.base import Message, PeerEnvironment, Score, Split, Task
 from .capture import merge
-from .programs import ProgramError, Runner, command_runner, function_runner, load_function
+from .programs import AsyncRunner, Outcome, ProgramError, Runner, command_runner, function_runner, load_function
 
 
 class AgentConfig(BaseModel):
@@ -49,8 +53,10 @@ class AgentConfig(BaseModel):
     tasks: str = Field(description="JSONL file, one task a line: 'id', 'split' (train | heldout, default train), "
                        "every other field passed to the program as is.")
     timeout_s: float = Field(120.0, gt=0, description="Most seconds one episode may run (past it: an error).")
-    concurrency: int = Field(8, ge=1, description="Episodes (programs) running at once; their model calls share "
+    concurrency: int = Field(32, ge=1, description="Episodes (programs) running at once; their model calls share "
                              "engine batches.")
+    batch_wait_ms: float = Field(20.0, ge=0, description="How long the endpoint waits for more episodes' calls to "
+                                 "fill an engine batch (longer: bigger batches; shorter: less latency per call).")
     model_name: str = Field("policy", description="The model id the program is given (any other gets 404).")
 
     @model_validator(mode="after")
@@ -104,7 +110,7 @@ class AgentEnvironment(PeerEnvironment):
         self.name = "agent"
         self._tasks = load_agent_tasks(config.tasks, self.name)
         self._by_id = {t.id: t for t in self._tasks}
-        self._runner: Runner | None = None
+        self._runner: Runner | AsyncRunner | None = None
         self._gateway = None
         self._gateway_engine = None
 
@@ -138,7 +144,7 @@ class AgentEnvironment(PeerEnvironment):
         raise NotImplementedError("an agent program scores its own episodes: its return value is the reward")
 
     # -- episodes ------------------------------------------------------------------------------
-    def runner(self) -> Runner:
+    def runner(self) -> Runner | AsyncRunner:
         if self._runner is None:
             c = self.config
             self._runner = (function_runner(load_function(c.harness, c.path)) if c.harness is not None
@@ -154,7 +160,7 @@ class AgentEnvironment(PeerEnvironment):
             self._gateway = None
         if self._gateway is None:
             self._gateway = Gateway(engine, tok, self.config.model_name, context=context - 1,
-                                    max_batch=max(64, self.config.concurrency))
+                                    max_batch=max(64, self.config.concurrency), max_wait_ms=self.config.batch_wait_ms)
             self._gateway_engine = engine
         return self._gateway
 
@@ -167,12 +173,18 @@ class AgentEnvironment(PeerEnvironment):
         limit = min(max_total_tokens, getattr(engine, "context", None) or max_total_tokens)
         gw = self.gateway(engine, tok, limit)
         eos = tuple(sorted(set(params.stop_token_ids) | set(tok.eos_token_ids)))
-        gw.capture.params = type(params)(**{**params.__dict__, "stop_token_ids": eos})
+        gw.capture.params = dataclasses.replace(params, stop_token_ids=eos)
         gw.take_usage()
         t0 = time.perf_counter()
         jobs = [t for t in tasks for _ in range(n_per_task)]
-        with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="agent-episode") as pool:
-            rollouts = list(pool.map(lambda t: self._episode(gw, runner, tok, t, engine), jobs))
+        if inspect.iscoroutinefunction(runner):
+            # one event loop (in a thread of its own: the caller may be inside one) runs every episode
+            with ThreadPoolExecutor(1, thread_name_prefix="agent-episodes") as pool:
+                rollouts = pool.submit(asyncio.run, self._async_episodes(gw, runner, tok, jobs, engine)).result()
+        else:
+            with httpx.Client(timeout=self.config.timeout_s) as http, \
+                    ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="agent-episode") as pool:
+                rollouts = list(pool.map(lambda t: self._episode(gw, runner, tok, t, engine, http), jobs))
         used = gw.take_usage()
         stats = RolloutStats(episodes=len(rollouts), generated_tokens=used.generated_tokens,
                              prompt_tokens=used.prompt_tokens, gen_seconds=used.seconds,
@@ -181,17 +193,37 @@ class AgentEnvironment(PeerEnvironment):
                              segments=sum(1 + len(r.segments) for r in rollouts if r.calls))
         return rollouts, stats
 
-    def _episode(self, gw, runner: Runner, tok, task: Task, engine):
+    async def _async_episodes(self, gw, runner: AsyncRunner, tok, jobs: list[Task], engine) -> list:
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(task: Task, http: httpx.AsyncClient):
+            async with gate:
+                key = gw.capture.open()
+                try:
+                    return self._rollout(gw, tok, task, engine, key, await runner(
+                        dict(task.info), gw.base_url, key, self.config.model_name, self.config.timeout_s, http))
+                except ProgramError as exc:
+                    return self._rollout(gw, tok, task, engine, key, exc)
+
+        limits = httpx.Limits(max_connections=self.config.concurrency, max_keepalive_connections=self.config.concurrency)
+        async with httpx.AsyncClient(timeout=self.config.timeout_s, limits=limits) as http:
+            return list(await asyncio.gather(*(one(t, http) for t in jobs)))
+
+    def _episode(self, gw, runner: Runner, tok, task: Task, engine, http: httpx.Client):
+        key = gw.capture.open()
+        try:
+            result = runner(dict(task.info), gw.base_url, key, self.config.model_name, self.config.timeout_s, http)
+        except ProgramError as exc:
+            return self._rollout(gw, tok, task, engine, key, exc)
+        return self._rollout(gw, tok, task, engine, key, result)
+
+    def _rollout(self, gw, tok, task: Task, engine, key: str, result: Outcome | ProgramError):
+        """The episode as a Rollout: its key closed, its calls merged into segments, the program's
+        outcome as its score (a failure as an error)."""
         from ..rollout.episodes import Rollout
 
-        key = gw.capture.open()
-        error, result = None, None
-        try:
-            result = runner(dict(task.info), gw.base_url, key, self.config.model_name, self.config.timeout_s)
-        except ProgramError as exc:
-            error = str(exc)
-        finally:
-            calls = gw.capture.close(key)
+        calls = gw.capture.close(key)
+        error = str(result) if isinstance(result, ProgramError) else None
         if error is None and not calls:
             error = f"task {task.id}: the program made no model call (nothing to train on)"
         segments = merge(calls, tok)
@@ -201,7 +233,7 @@ class AgentEnvironment(PeerEnvironment):
                     messages=list(segments[-1].messages) if segments else [dict(m) for m in task.prompt],
                     version=min((c.version for c in calls), default=engine.version), turns=len(calls),
                     calls=len(calls), segments=segments[1:])
-        if error is not None or result is None:
+        if error is not None or not isinstance(result, Outcome):
             r.score = Score(0.0, {}, "the program failed", error=error or "no result")
         else:
             r.score = Score(result.reward, {"reward": result.reward, **result.components},

@@ -38,6 +38,10 @@ class Capture:
             self._calls[key] = []
         return key
 
+    def open_count(self) -> int:
+        """Episodes open now."""
+        return len(self._calls)
+
     def is_open(self, key: str) -> bool:
         with self._lock:
             return key in self._calls
@@ -96,7 +100,9 @@ class Gateway:
         # every call is a trace of this store too (a program's own debugging: GET /v1/responses/{id}
         # and previous_response_id need them); it lives as long as the gateway
         self.store = Store(Path(self._dir.name) / "calls.db")
-        self.batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000, on_batch=self._on_batch)
+        # a batch is full when every open episode has a call in it: no program is left to send one
+        self.batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000, on_batch=self._on_batch,
+                               full=lambda n: n >= self.capture.open_count())
         cfg = ServeConfig(model=model_name, model_name=model_name, db=str(Path(self._dir.name) / "calls.db"),
                           fine_tuning=False, max_prompt_tokens=max(16, context), max_tokens_limit=1 << 20,
                           default_max_tokens=64, max_request_bytes=16 << 20)

@@ -34,9 +34,13 @@ class Request:
 
 class Batcher:
     def __init__(self, engine: Engine, max_batch: int = 64, max_wait_s: float = 0.005,
-                 on_batch: Callable[[float, int, int], None] | None = None) -> None:
+                 on_batch: Callable[[float, int, int], None] | None = None,
+                 full: Callable[[int], bool] | None = None) -> None:
         self.engine = engine
         self.on_batch = on_batch      # (seconds, prompt_tokens, generated_tokens) per engine batch
+        # full(n): a batch of n requests need not wait for more (every client that could send one
+        # has: an agent gateway's open episodes), so it runs before max_wait_s is up
+        self.full = full
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self._queue: "queue.Queue[Request]" = queue.Queue()
         self._swap: tuple[dict[str, torch.Tensor], int, Future] | None = None
@@ -88,7 +92,7 @@ class Batcher:
         first = self._queue.get()
         batch = [first] if first is not None else []
         deadline = time.monotonic() + self.max_wait_s
-        while len(batch) < self.max_batch:
+        while len(batch) < self.max_batch and not (self.full is not None and self.full(len(batch))):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
