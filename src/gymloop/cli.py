@@ -435,6 +435,10 @@ def cmd_envs(args: argparse.Namespace) -> int:
     ok = True
     for name in names:
         env = make_env(name, **json.loads(args.options))
+        if env.runs_episodes:          # an agent program: run it on a few tasks against a model
+            ok &= _check_program(env, args)
+            env.close()
+            continue
         v = validate(env, n=args.n)
         ok &= v.ok
         print(f"{v.env:<10} {'ok' if v.ok else 'FAILED'}  gold {v.gold_passed}/{v.tasks} scored 1.0, "
@@ -444,6 +448,19 @@ def cmd_envs(args: argparse.Namespace) -> int:
         if hasattr(env, "close"):
             env.close()
     return 0 if ok else 1
+
+
+def _check_program(env, args: argparse.Namespace) -> bool:
+    from .agents.check import check_program
+
+    c = check_program(env, args.model, n=args.n if args.n > 0 else 4)
+    rows = [["task", "reward", "model calls", "segments", "error"]]
+    rows += [[r["task"], "-" if r["reward"] is None else f"{r['reward']:g}", str(r["calls"]), str(r["segments"]),
+              r["error"] or ""] for r in c.rows]
+    print(_table(rows))
+    print(f"{c.env:<10} {'ok' if c.ok else 'FAILED'}  {sum(r['error'] is None for r in c.rows)}/{len(c.rows)} "
+          f"episodes ran to a reward on {c.model}")
+    return c.ok
 
 
 def cmd_swe(args: argparse.Namespace) -> int:
@@ -657,6 +674,7 @@ def _environment_commands(sub) -> None:
     va.add_argument("--n", type=int, default=20, help="tasks to check (0: every task of a task-file "
                     "environment such as swe)")
     va.add_argument("--options", default="{}", help="JSON object of environment options")
+    va.add_argument("--model", default="nano", help="agent: the model the program's calls go to")
     va.set_defaults(fn=cmd_envs)
     ins = evs.add_parser("install", help="build an ecosystem's runtime (its own venv, from its lock) for its "
                          "environments; prints its python")

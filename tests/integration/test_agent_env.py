@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import few_grpo_steps, needs_vllm
@@ -157,3 +158,69 @@ def test_on_vllm_the_trained_ids_are_vllms_samples(tasks_file, tool_model_dir_vl
     assert stats.errors == 0 and all(r.calls == 2 and not r.segments for r in rollouts)
     served = {tuple(x for c in s for x in c["token_ids"]) for s in clerk.SAMPLED.values()}
     assert {tuple(t for t, m in zip(r.token_ids, r.mask) if m) for r in rollouts} == served
+
+
+def test_envs_validate_runs_the_program_and_names_each_failure(tasks_file, tool_model_dir, capsys):
+    from gymloop.cli import main
+
+    options = {"harness": "clerk:chat_loop", "path": str(PROGRAMS), "tasks": tasks_file}
+    assert main(["envs", "validate", "agent", "--model", str(tool_model_dir), "--n", "2",
+                 "--options", json.dumps(options)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 episodes ran to a reward" in out and "apple-1" in out
+    assert main(["envs", "validate", "agent", "--model", str(tool_model_dir), "--n", "2",
+                 "--options", json.dumps({**options, "harness": "clerk:raises"})]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED  0/2" in out and "the program raised KeyError" in out
+
+
+def test_a_production_session_with_feedback_becomes_a_training_task(clerk, tool_model_dir, tasks_file, tmp_path, tok):
+    """The same program serves users through `gymloop serve`: its calls carry a session id (and
+    the task it works on); feedback on the session makes its task a training task, which GRPO
+    re-runs the program on."""
+    import clerk as programs
+    from openai import OpenAI
+
+    from gymloop.agents.capture import Call, merge
+    from gymloop.config import EnvSpec, TrainConfig
+    from gymloop.loop.config import CurriculumConfig
+    from gymloop.loop.curriculum import curriculum
+    from gymloop.orchestrator.train import train
+
+    store = clerk["store"]
+    task = {"id": "apple-in-production", "item": "apple"}
+    client = OpenAI(base_url=clerk["base"], api_key=clerk["key"], max_retries=0,
+                    default_headers={"x-gymloop-session": "sess-1", "x-gymloop-task": json.dumps(task)})
+    reward = programs.chat_loop(task, client, "clerk")
+    calls = store.sessions.calls("sess-1")
+    assert store.sessions.get("sess-1")["task"] == task and len(calls) == 2
+    served = programs.SAMPLED.pop(clerk["key"])
+    assert [c["token_ids"] for c in calls] == [s["token_ids"] for s in served]
+    (seg,) = merge([Call(**c) for c in calls], tok)       # one sequence: the second call continued the first
+    assert [t for t, m in zip(seg.token_ids, seg.mask) if m] == [t for s in served for t in s["token_ids"]]
+    # the user says the session failed (the stock had changed since: feedback knows what the program could not)
+    http = httpx.post(clerk["base"] + "/feedback", json={"session_id": "sess-1", "reward": 0.0},
+                      headers={"authorization": f"Bearer {clerk['key']}"})
+    assert http.status_code == 200 and reward == 1.0
+    assert httpx.post(clerk["base"] + "/feedback", json={"session_id": "nope", "reward": 0.0},
+                      headers={"authorization": f"Bearer {clerk['key']}"}).status_code == 404
+    bad = httpx.post(clerk["base"] + "/chat/completions", json={"model": "clerk", "messages": [
+        {"role": "user", "content": "hi"}]}, headers={"authorization": f"Bearer {clerk['key']}",
+                                                     "x-gymloop-session": "s", "x-gymloop-task": "[1]"})
+    assert bad.status_code == 400 and "x-gymloop-task" in bad.json()["error"]["message"]
+    # the loop's curriculum: the failed session's task, as the program named it, is a production task
+    spec = EnvSpec(name="agent", options={"harness": "clerk:chat_loop", "path": str(PROGRAMS), "tasks": tasks_file})
+    env = make_env(spec.name, **spec.options)
+    try:
+        source, stats = curriculum(CurriculumConfig(production_share=1.0), spec, 2, 0, store, 1, env=env)
+        assert stats["production_failures"] == 1 and stats["production_per_step"] == 1
+        first = source(1)
+        assert first[0].info == task and first[0].source == "production"
+        cfg = TrainConfig.model_validate({
+            "model": str(tool_model_dir), "run_dir": str(tmp_path / "runs"), "env": spec.model_dump(),
+            "sampling": {"max_new_tokens": 80}, "eval": {"tasks": 0},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "lr": 1e-3, "drop_zero_signal": False}})
+        summary = train(cfg, progress=False, echo=lambda m: None, task_source=source, env=env)
+        assert summary["steps"] == 1
+    finally:
+        env.close()

@@ -140,6 +140,16 @@ class AgentEnvironment(PeerEnvironment):
         except KeyError:
             raise ValueError(f"no task {task_id!r} in {self.config.tasks}") from None
 
+    def task_from_session(self, session: dict) -> Task:
+        """A production session's task as the program named it (every field passed to the program
+        as is), or its first user input; trained on like a train task."""
+        row = dict(session.get("task") or {})
+        row.setdefault("id", session["id"])
+        text = row.get("input", row.get("question", row.get("prompt")))
+        return Task(id=f"session:{session['id']}", env=self.name,
+                    prompt=({"role": "user", "content": text if isinstance(text, str) else json.dumps(row)},),
+                    answer=None, split="train", source="production", info=row)
+
     def verify(self, task: Task, messages: list[Message]) -> Score:
         raise NotImplementedError("an agent program scores its own episodes: its return value is the reward")
 

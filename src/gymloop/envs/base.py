@@ -118,6 +118,11 @@ class Environment(ABC):
         """Rebuild a task from its id (how production feedback names a task to retrain on)."""
         raise ValueError(f"environment {self.name!r} cannot rebuild tasks from ids")
 
+    def task_from_session(self, session: dict) -> Task:
+        """A task from a production session of an agent program (its `id` and the `task` it named):
+        how session feedback becomes training."""
+        raise ValueError(f"environment {self.name!r} cannot rebuild tasks from sessions")
+
     def tools(self, task: Task) -> list[dict] | None:
         """Tool schemas (OpenAI function format) the chat template renders into the prompt."""
         return None

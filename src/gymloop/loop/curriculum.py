@@ -40,8 +40,22 @@ def curriculum(cur: CurriculumConfig, target: EnvSpec, per_step: int, run_seed: 
             out.append(t)
         return out
 
-    failures = rebuild(store.traces.production_failures())
-    successes = rebuild(store.traces.production_successes())
+    def sessions(rows: list[dict]) -> list[Task]:
+        """An agent program's judged sessions as tasks (their program re-runs them)."""
+        nonlocal skipped
+        out = []
+        for s in rows:
+            try:
+                t = env.task_from_session(s)
+            except ValueError:
+                skipped += 1
+                continue
+            store.traces.add_task(t)
+            out.append(t)
+        return out
+
+    failures = rebuild(store.traces.production_failures()) + sessions(store.sessions.failed())
+    successes = rebuild(store.traces.production_successes()) + sessions(store.sessions.succeeded())
     if skipped and not rebuilds_tasks(env):
         # the loop then learns from fresh tasks only
         warnings.warn(f"environment {env.name!r} has no task_from_id: {skipped} production tasks cannot "

@@ -19,7 +19,7 @@ from ..models.chat import ChatTokenizer
 from ..models.toolcalls import reply_message
 from .config import ServeConfig
 from .core import MAX_N, Prepared, Streamed, check_prompt, check_token_limits, commit_trace, for_caller, generate, \
-    record_calls, reply_text, resolve, sampling
+    keep_calls, reply_text, resolve, sampling, session_of
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
 from .services import Caller, Services, caller, services
@@ -160,7 +160,7 @@ async def answer(svc: Services, p: Prepared, gens: list, version: int) -> tuple[
             "choices": [choice(p, g, i) for i, g in enumerate(gens)],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
             **({"prompt_token_ids": list(p.prompt)} if p.req.return_token_ids else {})}
-    record_calls(svc, p, gens, version)
+    await keep_calls(svc, p, gens, version)
     return body, await commit_trace(svc, p, body, version, n_gen)
 
 
@@ -202,7 +202,7 @@ def router(cfg: ServeConfig) -> APIRouter:
         200: {"description": "a chat.completion, or with stream: true a text/event-stream of chunks",
               "content": {"application/json": {}, "text/event-stream": {}}}, **error_responses(400, 401, 404, 413)})
     async def chat(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
-        p = await prepare(svc, await svc.body(request, ChatRequest), who)
+        p = session_of(request, await prepare(svc, await svc.body(request, ChatRequest), who))
         if p.req.stream:
             return StreamingResponse(stream(svc, p), media_type="text/event-stream",
                                      headers={"x-gymloop-trace-id": p.cid})

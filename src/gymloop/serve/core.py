@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Prepared:
     calls: bool = False          # replies are read for tool calls (the request gave tools)
     messages: list[dict] = field(default_factory=list)   # the conversation as rendered (chat messages)
     tools: list[dict] | None = None                      # the tools as rendered (OpenAI's chat form)
+    session: str | None = None                           # a production session's id (SESSION_HEADER)
+    session_task: dict | None = None                     # ... and the task it named (TASK_HEADER)
     n: int = 1                   # choices: samples of the prompt, one group of the engine's batch
     cid: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -97,18 +100,56 @@ def for_caller(svc: Services, who: Caller, params: SamplingParams, prompt: list[
     return svc.capture.sampling(who.episode, params, room=svc.cfg.max_prompt_tokens - len(prompt))
 
 
-def record_calls(svc: Services, p: Prepared, gens: list, version: int) -> None:
-    """An agent program's episode: each choice's exact ids and behaviour log-probs, with the
-    conversation it answered and the reply the program got (agents/capture.py merges them)."""
-    if p.caller.episode is None or svc.capture is None:
-        return
+SESSION_HEADER = "x-gymloop-session"      # names a production session of an agent program
+TASK_HEADER = "x-gymloop-task"            # the session's task, a JSON object (what the loop re-runs it on)
+
+
+def session_of(request, p: Prepared) -> Prepared:
+    """The production session a request names (its headers), checked: a 400 for a bad one."""
+    sid = request.headers.get(SESSION_HEADER)
+    if sid is None:
+        return p
+    if not 1 <= len(sid) <= 128 or not sid.isprintable():
+        raise APIError(400, f"{SESSION_HEADER} must be 1 to 128 printable characters", param=SESSION_HEADER)
+    raw = request.headers.get(TASK_HEADER)
+    if raw is not None:
+        try:
+            task = json.loads(raw)
+        except json.JSONDecodeError:
+            task = None
+        if not isinstance(task, dict):
+            raise APIError(400, f"{TASK_HEADER} must be a JSON object", param=TASK_HEADER)
+        p.session_task = task
+    p.session = sid
+    return p
+
+
+def captured_calls(p: Prepared, gens: list, version: int) -> list[dict]:
+    """Each choice as a captured call (agents/capture.py's Call fields): the conversation it
+    answered, its exact prompt ids, sampled ids and behaviour log-probs, and the reply the caller
+    got. Only for an agent program's episode or a production session."""
+    if p.caller.episode is None and p.session is None:
+        return []
     eos = set(p.tok.eos_token_ids)
+    out = []
     for gen in gens:
         content, calls = reply_message(reply_text(p, gen)) if p.calls else (reply_text(p, gen), [])
-        reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        svc.capture.record(p.caller.episode, messages=p.messages, tools=p.tools, prompt_ids=list(p.prompt),
-                           token_ids=list(gen.token_ids), logprobs=list(gen.logprobs), reply=reply, version=version,
-                           ended=bool(gen.token_ids) and gen.token_ids[-1] in eos)
+        out.append({"messages": p.messages, "tools": p.tools, "prompt_ids": list(p.prompt),
+                    "token_ids": list(gen.token_ids), "logprobs": list(gen.logprobs),
+                    "reply": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})},
+                    "version": version, "ended": bool(gen.token_ids) and gen.token_ids[-1] in eos})
+    return out
+
+
+async def keep_calls(svc: Services, p: Prepared, gens: list, version: int) -> None:
+    """An episode's calls to its capture; a session's to the store (before the answer leaves)."""
+    calls = captured_calls(p, gens, version)
+    if p.caller.episode is not None and svc.capture is not None:
+        for call in calls:
+            svc.capture.record(p.caller.episode, **call)
+    if p.session is not None:
+        await run_in_threadpool(svc.store.sessions.add_calls, p.session, p.cid, p.caller.key_id, calls,
+                                p.session_task)
 
 
 def reply_text(p: Prepared, gen) -> str:

@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..models.toolcalls import reply_message
-from .core import Prepared, Streamed, check_prompt, commit_trace, for_caller, generate, record_calls, reply_text, \
-    resolve, sampling
+from .core import Prepared, Streamed, check_prompt, commit_trace, for_caller, generate, keep_calls, reply_text, \
+    resolve, sampling, session_of
 from .config import ServeConfig
 from .http import APIError
 from .openapi import error_responses, json_body, json_int
@@ -215,7 +215,7 @@ async def _committed(svc: Services, p: Prepared, gen, version: int, messages: li
     """The response body, once its trace is committed (the conversation as answered rides with the
     request, so previous_response_id can continue it)."""
     body = response_body(p, gen, version)
-    record_calls(svc, p, [gen], version)
+    await keep_calls(svc, p, [gen], version)
     await commit_trace(svc, p, body, version, len(gen.token_ids),
                        request={**p.req.model_dump(exclude_none=True), "gymloop_messages": messages})
     return body
@@ -288,6 +288,7 @@ async def stream_events(svc: Services, p: Prepared, messages: list[dict]) -> Asy
 async def create(request: Request, svc: Services = Depends(services), who: Caller = Depends(caller)):
     req: ResponseRequest = await svc.body(request, ResponseRequest)
     p, messages = await _prepare(svc, req, who)
+    session_of(request, p)
     if req.stream:
         return StreamingResponse(stream_events(svc, p, messages), media_type="text/event-stream",
                                  headers={"x-gymloop-trace-id": p.cid})

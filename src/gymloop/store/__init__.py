@@ -8,6 +8,7 @@ returns, so a response sent after a write is never ahead of the disk.
     store.files      the fine-tuning service's uploaded files          files.py
     store.jobs       fine-tuning jobs, their events and checkpoints    jobs.py
     store.replicas   a serving fleet's heartbeats                      replicas.py
+    store.sessions   agent programs' sessions: calls as tokens, verdicts sessions.py
 
 Repositories return typed records (records.py) and raise typed errors (errors.py: NotFound,
 Conflict) that the API maps to status codes. db.py holds the connection, transactions and
@@ -23,6 +24,7 @@ from .files import Files
 from .jobs import Jobs
 from .ledger import Ledger
 from .replicas import Replicas
+from .sessions import Sessions
 from .traces import Traces
 from .versions import PROMOTIONS, Versions
 
@@ -53,6 +55,7 @@ class Store:
         self.files = Files(self.db)
         self.jobs = Jobs(self.db)
         self.replicas = Replicas(self.db)
+        self.sessions = Sessions(self.db)
 
     def count(self, table: str) -> int:
         """Rows of one of the store's tables (tests, the demo's summary)."""

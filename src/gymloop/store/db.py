@@ -98,6 +98,20 @@ MIGRATIONS: list[str] = [
         started REAL NOT NULL, seen REAL NOT NULL, version INTEGER NOT NULL, version_since REAL NOT NULL,
         in_flight INTEGER NOT NULL, answered INTEGER NOT NULL);
     """,
+    # an agent program's production sessions: the task it named, every call's exact tokens (a
+    # capture of agents/capture.py's Call, as JSON), and the verdicts on the whole session
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY, created REAL NOT NULL, key_id TEXT, task TEXT NOT NULL);
+    CREATE TABLE session_calls (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+        trace_id TEXT NOT NULL, created REAL NOT NULL, call TEXT NOT NULL);
+    CREATE TABLE session_feedback (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+        created REAL NOT NULL, reward REAL NOT NULL CHECK (reward >= 0 AND reward <= 1));
+    CREATE INDEX session_calls_session ON session_calls(session_id);
+    CREATE INDEX session_feedback_session ON session_feedback(session_id);
+    """,
 ]
 
 

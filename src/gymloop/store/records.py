@@ -41,6 +41,14 @@ class GradedTrace(TypedDict):
     task_id: str | None
 
 
+class Session(TypedDict, total=False):
+    id: str
+    created: float
+    key_id: str | None
+    task: dict                 # what the program named as the session's task (or its first user input)
+    reward: float              # the latest verdict (failed / succeeded only)
+
+
 class FeedbackTask(TypedDict):
     env: str
     env_version: int | None
