@@ -12,6 +12,10 @@ and holds, for every file of bench/results/NAME/ (newest first), the run's date,
 command line and each table the bench printed (common.table records them; save() writes them).
 Nothing between the markers is typed by hand: edit the prose around them, re-run the bench to
 change a figure. tests/unit/test_bench_results.py runs --check.
+
+Lists that the code holds are rendered the same way, between `<!-- code: NAME -->` and
+`<!-- /code -->` (CODE_TABLES: the built-in environments, the agent environment's options), so
+a doc never drifts from the registry or a config's fields.
 """
 from __future__ import annotations
 
@@ -25,8 +29,34 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-DOCS = [HERE / "README.md", ROOT / "README.md", ROOT / "docs" / "guide.md"]
+DOCS = [HERE / "README.md", ROOT / "README.md", ROOT / "docs" / "guide.md", ROOT / "docs" / "agents.md"]
 BLOCK = re.compile(r"(<!-- results: (?P<name>[\w./-]+)(?P<latest> latest)? -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+CODE_BLOCK = re.compile(r"(<!-- code: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /code -->)", re.S)
+
+
+def environments_table() -> list[list[str]]:
+    """The built-in environments and what each verifies, from the registry."""
+    from gymloop.envs.registry import BUILTIN
+
+    return [["name", "what is verified"]] + [[f"`{e.name}`", e.description] for e in BUILTIN]
+
+
+def agent_options_table() -> list[list[str]]:
+    """The `agent` environment's options, from its config's field docs."""
+    from gymloop.agents.env import AgentConfig
+
+    return [["option", "what it is"]] + [[f"`{name}`", f.description or ""] for name, f in AgentConfig.model_fields.items()]
+
+
+CODE_TABLES = {"environments": environments_table, "agent-options": agent_options_table}
+
+
+def render_code(text: str) -> str:
+    """`text` with every code-rendered block made anew from CODE_TABLES."""
+    return CODE_BLOCK.sub(lambda m: m.group(1) + markdown_table(CODE_TABLES[m.group("name")]()) + "\n" + m.group(4),
+                          text)
 
 
 def results_files(name: str, results: Path = RESULTS) -> list[Path]:
@@ -73,7 +103,9 @@ def render_block(name: str, results: Path = RESULTS, latest: bool = False, doc_d
 
 
 def render_text(text: str, results: Path = RESULTS, doc_dir: Path = HERE) -> str:
-    """`text` (a document in `doc_dir`) with every generated block re-rendered from `results`."""
+    """`text` (a document in `doc_dir`) with every generated block re-rendered from `results`
+    (and the code's lists from the code)."""
+    text = render_code(text)
     return BLOCK.sub(lambda m: m.group(1) + "\n" + render_block(m.group("name"), results, bool(m.group("latest")),
                                                                 doc_dir) + "\n" + m.group(5), text)
 

@@ -4,7 +4,8 @@ run by a peer's runtime python, so it imports nothing of gymloop (stdlib only):
     python -P bridge_runner.py BRIDGE.py ARGS...
 
 BRIDGE.py (openenv_bridge.py, verifiers_bridge.py) is loaded by path and defines
-`setup(args) -> (ready, handle)`. The runner prints `ready` (a JSON object with "ready": true),
+`setup(args) -> (ready, handle)`. The runner prints `ready` (a JSON object with "ready": true;
+a setup that raises prints {"ready": false, "error"} and exits at once),
 then answers each request line {"id", "op", ...} with {"id", "ok": true, **await handle(request)}
 or {"id", "ok": false, "error"}; requests run concurrently on one event loop. What the peer's
 code prints goes to stderr, off the protocol. When stdin closes (gymloop closed it, or died) the
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 import threading
+import traceback
 
 
 def load(path: str):
@@ -30,7 +32,14 @@ def load(path: str):
 def main() -> None:
     out, lock = sys.stdout, threading.Lock()
     sys.stdout = sys.stderr                  # what the peer's code prints stays off the protocol
-    ready, handle = load(sys.argv[1]).setup(sys.argv[2:])
+    try:
+        ready, handle = load(sys.argv[1]).setup(sys.argv[2:])
+    except BaseException as exc:  # noqa: BLE001 - said at once, as the ready line: a thread the
+        # peer's import left running must not keep this process (and gymloop's wait) alive
+        traceback.print_exc()
+        out.write(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        out.flush()
+        os._exit(1)
 
     def reply(obj: dict) -> None:
         with lock:

@@ -216,8 +216,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         res = evaluate(engine, tok, env, tasks, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                        ks=ks, samples=args.samples or max(ks or [0]), progress=not args.quiet)
     finally:
-        if hasattr(engine, "close"):
-            engine.close()
+        engine.close()
     print(json.dumps(res.as_dict(), indent=2))
     return 0
 
@@ -267,8 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import run
 
     cfg = _server_config(args, job_worker=not args.no_job_worker)
-    print(f"serving {cfg.served_name()} on http://{args.host}:{args.port}/v1 (store: {cfg.db})", flush=True)
-    run(cfg, host=args.host, port=args.port)
+    run(cfg, host=args.host, port=args.port, announce=lambda line: print(line, flush=True))
     return 0
 
 
@@ -445,8 +443,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
               f"known-wrong {v.wrong_rejected}/{v.wrong_checked} scored < 1.0")
         for e in v.errors[:5]:
             print(f"  {e}")
-        if hasattr(env, "close"):
-            env.close()
+        env.close()
     return 0 if ok else 1
 
 

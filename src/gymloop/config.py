@@ -31,8 +31,7 @@ class EnvSpec(_Strict):
         from .envs import make_env
 
         env = make_env(self.name, **self.options)  # raises a clear error on a bad name or option
-        if hasattr(env, "close"):           # a peer's bridge or server, a sandbox pool: not kept for a check
-            env.close()
+        env.close()           # a peer's bridge or server, a sandbox pool: not kept for a check
         return self
 
 

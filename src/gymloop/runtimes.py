@@ -82,6 +82,20 @@ def interpreter(version: str) -> str:
     raise RuntimeMissing(f"no working {version} on this machine (install it: apt-get install {version}-venv, or pyenv)")
 
 
+def _json_object(line: str) -> dict | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a log (a traceback's last line is its cause)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
 class Process:
     """A script run by a runtime's python (`-P`: its own directory, gymloop's source, stays off
     sys.path), its stderr in a log; `ready` is the first line it prints (JSON), read within
@@ -95,12 +109,17 @@ class Process:
         reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout_s)
-        if not first or not first[0].strip():
-            why = "it exited" if self.proc.poll() is not None else f"no answer in {timeout_s:.0f} s"
-            tail = self.log_tail()
-            self.close()
-            raise RuntimeError(f"{why}; its log ends:\n{tail}")
-        self.ready = json.loads(first[0])
+        ready = _json_object(first[0]) if first else None
+        if ready is None or ready.get("ready") is False:
+            if ready is not None:
+                why = ready.get("error") or "it said it is not ready"
+            elif self.proc.poll() is not None:
+                why = last_line(self.log_tail()) or f"it exited with {self.proc.returncode}"
+            else:
+                why = f"no answer in {timeout_s:.0f} s"
+            self.close(keep_log=True)
+            raise RuntimeError(f"{' '.join(str(why).split())} (its log: {self.log.name})")
+        self.ready = ready
 
     def log_tail(self, chars: int = 2000) -> str:
         path = Path(self.log.name)
@@ -111,7 +130,9 @@ class Process:
             return None
         return f"exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}"
 
-    def close(self) -> None:
+    def close(self, keep_log: bool = False) -> None:
+        """Stop it (stdin closed, then killed after 10 s); its log is removed unless `keep_log`
+        (a start that failed: the error names the log)."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -119,7 +140,8 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        Path(self.log.name).unlink(missing_ok=True)
+        if not keep_log:
+            Path(self.log.name).unlink(missing_ok=True)
 
 
 class Channel:

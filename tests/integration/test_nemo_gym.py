@@ -20,6 +20,8 @@ from gymloop.models.toolcalls import format_call
 MULTI = "resources_servers.example_multi_step.app:ExampleMultiStepResourcesServer"
 SINGLE = "resources_servers.example_single_tool_call.app:SimpleWeatherResourcesServer"
 MULTIREWARD = "resources_servers.example_tool_call_multireward.app:ToolCallMultiRewardResourcesServer"
+# its /seed_session takes a field of the row (initial_count): a 422 without it
+COUNTER = "resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer"
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +123,28 @@ def test_grpo_trains_on_an_example(tmp_path, tok):
     needs_runtime("nemo-gym")
     model = save_model(tiny_llama(tok.vocab_size, seed=4, positions=2048), tok, tmp_path / "tiny")
     few_grpo_steps(tmp_path, model, {"name": "nemo_gym", "options": {"server": SINGLE, "heldout_fraction": 0.4},
+                                     "max_turns": 2}, prompts=2, eval_tasks=2)
+
+
+def test_a_server_whose_seed_session_takes_fields_is_seeded_with_the_row(tmp_path, tok):
+    """example_session_state_mgmt starts each session's counter at the row's initial_count: the
+    gold calls reach the row's expected_count only if /seed_session got the row."""
+    from conftest import few_grpo_steps, tiny_llama
+    from gymloop.models.checkpoint import save_model
+
+    needs_runtime("nemo-gym")
+    env = make_env("nemo_gym", server=COUNTER)
+    try:
+        for task in env.tasks[:3]:
+            row = env.row(task)
+            adds = [format_call("increment_counter", {"count": int(n)})
+                    for n in row["responses_create_params"]["input"][0]["content"].split() if n.isdigit()]
+            assert play(env, task, adds + ["Done."])[1].reward == 1.0
+            assert play(env, task, adds[:1] + ["Done."])[1].reward == 0.0
+    finally:
+        env.close()
+    model = save_model(tiny_llama(tok.vocab_size, seed=4, positions=2048), tok, tmp_path / "tiny")
+    few_grpo_steps(tmp_path, model, {"name": "nemo_gym", "options": {"server": COUNTER, "heldout_fraction": 0.4},
                                      "max_turns": 2}, prompts=2, eval_tasks=2)
 
 

@@ -457,3 +457,11 @@ def test_serve_engine_dtype_flag_reaches_the_config():
     args = build_parser().parse_args(["serve", "--api-key", KEY, "--engine-dtype", "bfloat16"])
     assert _server_config(args).engine_dtype == "bfloat16"
     assert _server_config(build_parser().parse_args(["serve", "--api-key", KEY])).engine_dtype == "model"
+
+
+def test_serve_refuses_a_model_it_cannot_load_before_it_announces_anything(capsys, tmp_path):
+    from gymloop.cli import main
+
+    assert main(["serve", "--model", "no-such-model", "--no-auth", "--db", str(tmp_path / "s.db")]) != 0
+    out = capsys.readouterr()
+    assert "serving" not in out.out and "model 'no-such-model'" in out.err

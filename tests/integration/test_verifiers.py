@@ -9,6 +9,7 @@ record of the episode scores as verifiers' own rollout of the same turns does, G
 from __future__ import annotations
 
 import json
+import time
 import shutil
 import subprocess
 from pathlib import Path
@@ -210,8 +211,14 @@ def test_bad_options_a_missing_runtime_an_unknown_environment_and_a_dead_bridge_
     with pytest.raises(ValueError, match="needs option env"):
         make_env("verifiers")
     needs_runtime("verifiers")
-    with pytest.raises(VerifiersError, match="(?s)did not start.*no_such_env"):
+    t0 = time.monotonic()
+    with pytest.raises(VerifiersError, match="did not start") as failed:
         make_env("verifiers", env="no-such-env")
+    # at once (not after a time-out), in one line: the cause, then where the whole log is
+    message = str(failed.value)
+    assert "\n" not in message and "no-such-env" in message and "(its log: " in message
+    assert Path(message.rsplit("(its log: ", 1)[1].rstrip(")")).exists()
+    assert time.monotonic() - t0 < 60      # a bound for a loaded machine; the wait it replaces was 120 s
     env = make_env("verifiers", **OPTIONS)
     try:
         task = env.sample_tasks(1, "train", 0)[0]

@@ -153,3 +153,10 @@ def test_only_the_store_holds_sql():
                if not f.relative_to(ROOT).parts[0].startswith("store")
                and (SQL.search(f.read_text()) or re.search(r"^\s*import sqlite3|psycopg", f.read_text(), re.M))]
     assert outside == []
+
+
+def test_closing_is_a_method_never_a_probe():
+    """Engine and Environment both have close(): no caller asks whether what it holds has one."""
+    probes = [f"{f.relative_to(ROOT)}:{i}" for f in ROOT.rglob("*.py")
+              for i, line in enumerate(f.read_text().splitlines(), 1) if re.search(r"hasattr\([^)]*[\"']close[\"']", line)]
+    assert probes == []

@@ -130,8 +130,7 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Stop a vLLM server this actor started (before the actor is killed)."""
-        if hasattr(self.engine, "close"):
-            self.engine.close()
+        self.engine.close()
 
 
 def merge_stats(parts: list[RolloutStats]) -> RolloutStats:

@@ -131,6 +131,10 @@ class Engine:
             self.backend.refresh()
         return copied
 
+    def close(self) -> None:
+        """Nothing to release: the model is the caller's (an engine in another process, vLLM's,
+        stops its server here)."""
+
     @torch.no_grad()
     def bind_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Make the model's parameters *be* `weights` (e.g. a shared-memory buffer): nothing

@@ -171,7 +171,7 @@ class NemoGymEnvironment(PeerEnvironment):
         sid = uuid.uuid4().hex
         client = httpx.Client(base_url=self.url, timeout=self.timeout_s)        # its cookies: the session
         self._sessions[sid] = client
-        self._post(client, "/seed_session", {})
+        self._post(client, "/seed_session", self.row(task))     # the whole row, as NeMo Gym's agents seed it
         messages = [dict(m) for m in task.prompt]
         messages[0][SESSION] = sid
         return messages

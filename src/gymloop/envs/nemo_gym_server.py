@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -42,7 +43,14 @@ def build(ref: str):
 def main() -> None:
     import uvicorn
 
-    app, port, data = build(sys.argv[1])
+    try:
+        app, port, data = build(sys.argv[1])
+    except BaseException as exc:  # noqa: BLE001 - said at once: threads its import started must not keep this alive
+        import traceback
+
+        traceback.print_exc()
+        print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        os._exit(1)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
@@ -52,6 +60,8 @@ def main() -> None:
             urllib.request.urlopen(urllib.request.Request(url + "/seed_session", data=b"{}",
                                                           headers={"content-type": "application/json"}), timeout=1)
             break
+        except urllib.error.HTTPError:
+            break                       # an answer, any status (a 422 for a seed that takes fields): it is up
         except OSError:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{sys.argv[1]} did not answer {url}/seed_session within 60 s") from None

@@ -45,7 +45,9 @@ def _lazy(module: str, factory: str) -> Factory:
 BUILTIN: tuple[EnvEntry, ...] = (
     EnvEntry("arith", _lazy(".arith", "make_arith"), "procedural arithmetic; the last integer of the reply is checked"),
     EnvEntry("tools", _lazy(".tools", "make_tools"),
-             "multi-turn tool use over a versioned inventory API (version: 1, 2 or 3; tools@v3 is shorthand)"),
+             "multi-turn tool use over an inventory API that changes (version: 1, 2 or 3; tools@v3 is shorthand): v2 "
+             "returns {sku, quantity} instead of {item, count}, v3 also renames the tools and their arguments; an "
+             "answer counts only after a valid call; schemas: false keeps the tool list out of the prompt"),
     EnvEntry("calls", _lazy(".calls", "make_calls"),
              "call the right tool with the right arguments from the schemas in the request; held-out tasks use "
              "tools training never shows (heldout: requests: the same tools, unseen requests; new-tool-requests: "

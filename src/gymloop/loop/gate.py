@@ -29,8 +29,7 @@ def suite_envs(cfg: GateRun) -> list:
 
 def close_envs(envs: list) -> None:
     for env in envs:
-        if hasattr(env, "close"):
-            env.close()
+        env.close()
 
 
 def suite_scores(model_dir: str, suites: list, cfg: GateRun) -> dict[str, float]:

@@ -248,9 +248,8 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
             run.evaluator = run.source.evaluate       # ... so evaluations wait for it and use the newest weights
         return run
     except BaseException:
-        if hasattr(engine, "close"):        # a vLLM process started for this run
-            engine.close()
-        if owns_env and env is not None and hasattr(env, "close"):   # a peer's bridge or server
+        engine.close()                  # a vLLM process started for this run
+        if owns_env and env is not None:   # a peer's bridge or server
             env.close()
         raise
 
@@ -534,8 +533,7 @@ def train(cfg: TrainConfig, progress: bool = True, echo: Callable[[str], None] =
             run.trainer.close()
             if run.source is not None:
                 run.source.close()
-            if hasattr(run.engine, "close"):
-                run.engine.close()
-            if run.owns_env and hasattr(run.env, "close"):
+            run.engine.close()
+            if run.owns_env:
                 run.env.close()
     return summarise(run)

@@ -42,8 +42,7 @@ def build(cfg: ServeConfig):
         follower = follow_promotions(store, batcher, cfg.poll_s, on_tick=serving.flush)
     except BaseException:
         batcher.close()
-        if hasattr(engine, "close"):     # a vLLM server started for this one
-            engine.close()
+        engine.close()     # a vLLM server started for this one
         raise
     app = create_app(cfg, store, batcher, tok)
     svc = app.state.services
@@ -122,8 +121,11 @@ def follow_promotions(store, batcher: Batcher, poll_s: float, on_tick=None) -> F
     return follower
 
 
-def run(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+def run(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000, announce=lambda line: None) -> None:
+    """Serve until stopped; `announce(line)` once the model is loaded and the store open (a bad
+    model or store is refused before anything says it is serving)."""
     app, _, _ = build(cfg)
+    announce(f"serving {cfg.served_name()} on http://{host}:{port}/v1 (store: {cfg.db})")
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

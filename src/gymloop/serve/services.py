@@ -126,8 +126,7 @@ class Services:
         self.pool.close()
         self.graders.close()
         self.batcher.close()
-        if hasattr(self.batcher.engine, "close"):      # a vLLM server started for this one
-            self.batcher.engine.close()
+        self.batcher.engine.close()      # a vLLM server started for this one
         if self.serving_ledger is not None:
             self.serving_ledger.flush()
 
