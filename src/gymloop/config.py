@@ -28,10 +28,11 @@ class EnvSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "EnvSpec":
-        from .envs import make_env
+        from .envs import REGISTRY
 
-        env = make_env(self.name, **self.options)  # raises a clear error on a bad name or option
-        env.close()           # a peer's bridge or server, a sandbox pool: not kept for a check
+        # a clear error on a bad name or option; nothing is started (a peer's server, a bridge):
+        # the run builds the environment
+        REGISTRY.check(self.name, **self.options)
         return self
 
 

@@ -19,7 +19,11 @@ def test_there_are_example_configs():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_example_config_validates(path):
+def test_example_config_validates(path, monkeypatch):
+    # checking a config starts nothing: no runtime (a peer's server, a bridge) is needed for it
+    for runtime in ("vllm", "openenv", "nemo-gym", "verifiers"):
+        monkeypatch.setenv(f"GYMLOOP_{runtime.upper().replace('-', '_')}_PYTHON", "/no/such/python")
+    monkeypatch.chdir(Path(__file__).parents[2])       # configs name files of the repository
     if "gymloop run" in path.read_text().splitlines()[0]:
         cfg = LoopConfig.model_validate(yaml.safe_load(path.read_text()))
     else:
@@ -60,3 +64,14 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path, tiny_model_dir):
     cfg = TrainConfig.model_validate({"model": str(tiny_model_dir), "run_dir": str(tmp_path), "device": "cuda"})
     with pytest.raises(ValueError, match="torch sees no GPU"):
         train(cfg, progress=False, echo=lambda m: None)
+
+
+def test_a_bad_option_of_a_peer_environment_is_refused_at_check_time():
+    from gymloop.config import EnvSpec
+
+    with pytest.raises(ValueError, match="module:Class"):
+        EnvSpec(name="nemo_gym", options={"server": "no_colon"})
+    with pytest.raises(ValueError, match="unexpected keyword argument 'colour'"):
+        EnvSpec(name="verifiers", options={"env": "vf-reverse", "colour": 1})
+    with pytest.raises(ValueError, match="needs one of options app"):
+        EnvSpec(name="openenv", options={})

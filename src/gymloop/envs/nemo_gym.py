@@ -104,10 +104,7 @@ class NemoGymEnvironment(PeerEnvironment):
                  heldout_fraction: float = 0.2) -> None:
         """reward_range: the scale of the server's reward, mapped onto [0, 1] (e.g. [0, 3] for a
         reward that sums three components)."""
-        if (server is None) == (url is None):
-            raise ValueError("nemo_gym needs one of options server (module:Class, started by gymloop) or url")
-        if server is not None and ":" not in server:
-            raise ValueError(f"nemo_gym option server must be module:Class, not {server!r}")
+        check_nemo_gym(server, url, data, reward_range)
         self.reward_range = check_reward_range(reward_range, "nemo_gym")
         self.process = None
         if server is not None:
@@ -217,6 +214,19 @@ class NemoGymEnvironment(PeerEnvironment):
         self._sessions.clear()
         if self.process is not None:
             self.process.close()
+
+
+def check_nemo_gym(server: str | None = None, url: str | None = None, data: str | None = None,
+                   reward_range: tuple[float, float] = (0.0, 1.0), timeout_s: float = 60.0,
+                   heldout_fraction: float = 0.2) -> None:
+    """The options checked without starting anything (a config check; the run starts the server)."""
+    if (server is None) == (url is None):
+        raise ValueError("nemo_gym needs one of options server (module:Class, started by gymloop) or url")
+    if server is not None and ":" not in server:
+        raise ValueError(f"nemo_gym option server must be module:Class, not {server!r}")
+    if data is not None and not Path(data).is_file():
+        raise ValueError(f"nemo_gym option data: {data} is not a file")
+    check_reward_range(reward_range, "nemo_gym")
 
 
 def make_nemo_gym(**options) -> NemoGymEnvironment:

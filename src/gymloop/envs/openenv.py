@@ -68,13 +68,8 @@ class OpenEnvEnvironment(PeerEnvironment):
                  system: str | None = None, timeout_s: float = 60.0, heldout_fraction: float = 0.2,
                  sessions: int | None = None) -> None:
         """sessions: with app, serve it allowing this many concurrent sessions (episodes in flight)."""
-        if (app is None) == (url is None):
-            raise ValueError("openenv needs one of options app (module:app, served by gymloop) or url (a running server)")
-        if app is not None and ":" not in app:
-            raise ValueError(f"openenv option app must be module:attribute (e.g. my_env.server.app:app), not {app!r}")
+        check_openenv(app, url, reward_range=reward_range, sessions=sessions)
         self.reward_range, self.heldout_fraction = check_reward_range(reward_range, "openenv"), heldout_fraction
-        if sessions is not None and (app is None or sessions < 1):
-            raise ValueError("openenv option sessions (>= 1) applies to a server gymloop starts (option app)")
         self.bridge = bridge(app, [path] if isinstance(path, str) else list(path or []), url, timeout_s, sessions)
         try:
             action = self.bridge.call("schema")["action"]
@@ -160,6 +155,20 @@ class OpenEnvEnvironment(PeerEnvironment):
 
     def close(self) -> None:
         self.bridge.close()
+
+
+def check_openenv(app: str | None = None, url: str | None = None, path: str | list[str] | None = None,
+                  action_field: str | None = None, reward_range: tuple[float, float] = (0.0, 1.0),
+                  system: str | None = None, timeout_s: float = 60.0, heldout_fraction: float = 0.2,
+                  sessions: int | None = None) -> None:
+    """The options checked without starting anything (a config check; the run starts the server)."""
+    if (app is None) == (url is None):
+        raise ValueError("openenv needs one of options app (module:app, served by gymloop) or url (a running server)")
+    if app is not None and ":" not in app:
+        raise ValueError(f"openenv option app must be module:attribute (e.g. my_env.server.app:app), not {app!r}")
+    check_reward_range(reward_range, "openenv")
+    if sessions is not None and (app is None or sessions < 1):
+        raise ValueError("openenv option sessions (>= 1) applies to a server gymloop starts (option app)")
 
 
 def make_openenv(**options) -> OpenEnvEnvironment:

@@ -31,6 +31,9 @@ class EnvEntry:
     factory: Factory
     description: str
     source: str = "builtin"          # builtin | registered | plugin:<distribution>
+    # check(**options): the options checked without starting anything, for an environment whose
+    # building starts a process (a peer's server or bridge); others are built and closed to check
+    check: Callable[..., None] | None = None
 
 
 def _lazy(module: str, factory: str) -> Factory:
@@ -61,13 +64,13 @@ BUILTIN: tuple[EnvEntry, ...] = (
              "the project's own tests decide, in the sandbox"),
     EnvEntry("nemo_gym", _lazy(".nemo_gym", "make_nemo_gym"),
              "a NeMo Gym resources server, unchanged (server: module:Class, or url), in NeMo Gym's runtime; its "
-             "/verify is the reward (`gymloop envs install nemo-gym`)"),
+             "/verify is the reward (`gymloop envs install nemo-gym`)", check=_lazy(".nemo_gym", "check_nemo_gym")),
     EnvEntry("verifiers", _lazy(".verifiers", "make_verifiers"),
              "a verifiers environment, unchanged (env: its id, args: load_environment's), in verifiers' runtime; "
-             "its rubric is the reward (`gymloop envs install verifiers --with YOUR_ENV`)"),
+             "its rubric is the reward (`gymloop envs install verifiers --with YOUR_ENV`)", check=_lazy(".verifiers", "check_verifiers")),
     EnvEntry("openenv", _lazy(".openenv", "make_openenv"),
              "an OpenEnv server, unchanged (app: module:app, or url), in OpenEnv's runtime; the return is the reward "
-             "(`gymloop envs install openenv`)"),
+             "(`gymloop envs install openenv`)", check=_lazy(".openenv", "check_openenv")),
     EnvEntry("agent", _lazy("..agents.env", "make_agent"),
              "your agent program, unchanged (harness: module:function, or command: [argv]), on tasks from a file "
              "(tasks: FILE.jsonl); it calls the model through an OpenAI endpoint and returns its reward"),
@@ -150,16 +153,37 @@ class Registry:
                 raise ValueError(f"environment {name!r}: cannot import {attr!r} from {module!r} ({exc})") from None
         raise ValueError(f"unknown environment {name!r}; known: {self.names()} (or 'module:factory')")
 
+    def check(self, name: str, **options: Any) -> None:
+        """Whether `name` with `options` would build (a bad name or option raises ValueError),
+        starting nothing: an environment that runs in another process checks its options by its
+        entry's `check`; any other is built and closed."""
+        name, options = _shorthand(name, options)
+        entry = self._entries.get(name) or (self._load_plugin(name) if name in self._plugin_points() else None)
+        check = entry.check if entry is not None else getattr(self.factory(name), "check", None)
+        if check is None:
+            self.make(name, **options).close()
+            return
+        try:
+            check(**options)
+        except TypeError as exc:          # an option the environment does not take
+            raise ValueError(f"environment {name!r}: {exc}") from None
+
     def make(self, name: str, **options: Any) -> Environment:
         """Build an environment. `tools@v2` is shorthand for `tools` with version=2."""
-        if "@v" in name and ":" not in name:
-            name, version = name.split("@v", 1)
-            options = {**options, "version": int(version)}
+        name, options = _shorthand(name, options)
         env = self.factory(name)(**options)
         if not isinstance(env, Environment):
             raise ValueError(f"environment {name!r}: its factory returned {type(env).__name__}, "
                              "not a gymloop.envs.Environment")
         return env
+
+
+def _shorthand(name: str, options: dict) -> tuple[str, dict]:
+    """`tools@v2` is `tools` with version=2."""
+    if "@v" in name and ":" not in name:
+        name, version = name.split("@v", 1)
+        options = {**options, "version": int(version)}
+    return name, options
 
 
 def rebuilds_tasks(env: Environment) -> bool:

@@ -43,8 +43,7 @@ class VerifiersEnvironment(PeerEnvironment):
 
     def __init__(self, env: str | None = None, args: dict | None = None, path: str | list[str] | None = None,
                  timeout_s: float = 120.0) -> None:
-        if not env:
-            raise ValueError("verifiers needs option env: the environment's id (its module, e.g. vf-reverse)")
+        check_verifiers(env, args, path, timeout_s)
         extra = []
         for p in [path] if isinstance(path, str) else list(path or []):
             extra += ["--path", str(Path(p).resolve())]
@@ -153,6 +152,17 @@ def chat_message(m: dict) -> dict:
     if m.get("tool_call_id"):
         out["tool_call_id"] = m["tool_call_id"]
     return out
+
+
+def check_verifiers(env: str | None = None, args: dict | None = None, path: str | list[str] | None = None,
+                    timeout_s: float = 120.0) -> None:
+    """The options checked without starting anything (a config check; the run starts the bridge)."""
+    if not env:
+        raise ValueError("verifiers needs option env: the environment's id (its module, e.g. vf-reverse)")
+    if args is not None and not isinstance(args, dict):
+        raise ValueError(f"verifiers option args must be an object (load_environment's arguments), not {args!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"verifiers option timeout_s must be > 0, not {timeout_s!r}")
 
 
 def make_verifiers(**options) -> VerifiersEnvironment:
