@@ -68,7 +68,8 @@ def before_after_table(summary: dict) -> str:
 
 
 def story_table(summary: dict) -> str:
-    apis = list(dict.fromkeys(x["api"] for x in summary["rows"]))      # the tool APIs, in order
+    # the gate's suites, in order (the tool API versions of a gymloop environment, or the agent program's)
+    apis = list(dict.fromkeys(k for x in summary["rows"] for k in x.get("after", {})))
     table = [["round", "tool API", "served", "production success", "candidate", *apis, "gate"]]
     for i, x in enumerate(summary["rows"]):
         after = x.get("after", {})
@@ -98,7 +99,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     its own, agent (that loop with SmolLM2). Every table is printed from the summary files the
     runs wrote, not from memory."""
     from .config import ConfigError
-    from .demos import chapter_config, seeded
+    from .demos import CHECKOUT, chapter_config, seeded
     from .demos.learn import run_demo
     from .demos.loop import run_loop_demo
 
@@ -136,6 +137,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
             summary = run_loop_demo(story, run_dir=args.run_dir, progress=not quiet)
         print()
         print(story_table(summary))
+        print(f"report: {summary['report']}")
+    if args.only == "program":
+        from .demos.program import run_program_demo
+
+        story = chapter_config("program", args.config, {"loop": {"seed": args.seed}})
+        story = story.model_copy(update={"store": args.db or story.store})
+        torch.set_num_threads(story.loop.threads)
+        print("gymloop demo, the loop on an agent program: serve nano-tools -> production runs an Agents SDK clerk "
+              "(examples/agents/inventory.py) in sessions, its own verdicts as session feedback -> loop rounds on the "
+              "program -> the service renames its tools -> recovery from session feedback alone")
+        summary = run_program_demo(story, run_dir=args.run_dir, progress=not quiet, root=CHECKOUT)
+        print()
+        print(story_table(summary))
+        print(f"{summary['sessions']} sessions, {summary['calls']} model calls captured with their tokens, "
+              f"{summary['judged']} verdicts")
         print(f"report: {summary['report']}")
     if args.only == "agent":
         # smollm2-calls takes no seed: --seed is the loop's
@@ -455,8 +471,9 @@ def _check_program(env, args: argparse.Namespace) -> bool:
     rows += [[r["task"], "-" if r["reward"] is None else f"{r['reward']:g}", str(r["calls"]), str(r["segments"]),
               r["error"] or ""] for r in c.rows]
     print(_table(rows))
-    print(f"{c.env:<10} {'ok' if c.ok else 'FAILED'}  {sum(r['error'] is None for r in c.rows)}/{len(c.rows)} "
-          f"episodes ran to a reward on {c.model}")
+    rewards = [r["reward"] for r in c.rows if r["error"] is None]
+    print(f"{c.env:<10} {'ok' if c.ok else 'FAILED'}  {len(rewards)}/{len(c.rows)} episodes ran to a reward on "
+          f"{c.model}" + (f" (mean {sum(rewards) / len(rewards):.2f}, sampled at temperature 1)" if rewards else ""))
     return c.ok
 
 
@@ -506,9 +523,10 @@ def _learning_commands(sub) -> None:
                        "loop (serve, production traffic, rounds, a tool-API drift, recovery)")
     d.add_argument("--run-dir", default="runs")
     d.add_argument("--requests", type=int, default=128, help="production requests sent to the served model")
-    d.add_argument("--only", choices=["learn", "loop", "agent"], default=None,
-                   help="one chapter: learn (GRPO on arithmetic), loop (the continuous loop and the drift) or "
-                   "agent (the loop with SmolLM2 and tools in the request; not part of the default two)")
+    d.add_argument("--only", choices=["learn", "loop", "agent", "program"], default=None,
+                   help="one chapter: learn (GRPO on arithmetic), loop (the continuous loop and the drift), "
+                   "agent (the loop with SmolLM2 and tools in the request) or program (the loop on an Agents SDK "
+                   "program, from its sessions' feedback); the last two are not part of the default two")
     d.add_argument("--seed", type=int, default=0, help="pre-training seed of the nano bases (nano, nano-tools); "
                    "the agent chapter's loop seed")
     d.add_argument("--config", default=None, help="with --only: run this YAML instead of the chapter's "

@@ -224,3 +224,37 @@ def test_a_production_session_with_feedback_becomes_a_training_task(clerk, tool_
         assert summary["steps"] == 1
     finally:
         env.close()
+
+
+def test_judged_sessions_train_sft_and_dpo_rounds_on_their_sampled_tokens(clerk, tool_model_dir, tmp_path):
+    """A loop's sft / dpo round takes an agent program's judged sessions as rows of the tokens
+    they sampled (no re-rendering of what the model wrote)."""
+    import clerk as programs
+    from openai import OpenAI
+
+    from gymloop.accounting.ledger import load_profiles
+    from gymloop.loop.config import RoundMethod
+    from gymloop.loop.from_traces import session_rows, train_on_traces
+    from gymloop.models.checkpoint import load_tokenizer
+    from gymloop.store import Store
+
+    task = {"id": "apple-twice", "item": "apple"}
+    store = Store(tmp_path / "judged.db")
+    for sid, reward in (("good", 1.0), ("bad", 0.0)):
+        client = OpenAI(base_url=clerk["base"], api_key=clerk["key"], max_retries=0,
+                        default_headers={"x-gymloop-session": f"judged-{sid}"})
+        programs.chat_loop(task, client, "clerk")
+        store.sessions.add_calls(sid, f"trace-{sid}", None, clerk["store"].sessions.calls(f"judged-{sid}"), task)
+        store.sessions.add_feedback(sid, reward)
+    served = programs.SAMPLED.pop(clerk["key"])[-2:]          # the "bad" session's two calls
+    tok = load_tokenizer(tool_model_dir)
+    (sft,) = session_rows(store, "sft", tok)                   # the good session, one sequence
+    assert sft["session_id"] == "good" and len(sft["tokens"]["ids"]) == len(sft["tokens"]["mask"])
+    (pair,) = session_rows(store, "dpo", tok)
+    bad = pair["non_preferred_tokens"]
+    assert [t for t, m in zip(bad["ids"], bad["mask"]) if m] == [t for c in served for t in c["token_ids"]]
+    profile = load_profiles()["cpu-2vcpu"]
+    for method in ("sft", "dpo"):
+        out, stats, _ = train_on_traces(store, RoundMethod(method=method, min_examples=1, batch_size=2),
+                                        str(tool_model_dir), tmp_path / method, 0, profile)
+        assert stats["session_examples"] == 1 and stats["steps"] >= 1 and out != str(tool_model_dir), stats

@@ -11,6 +11,7 @@ import yaml
 from gymloop.config import TrainConfig
 from gymloop.demos import CHAPTERS, CONFIGS, chapter_config, seeded
 from gymloop.demos.loop import LoopDemoConfig, round_config
+from gymloop.demos.program import ProgramDemoConfig
 
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 
@@ -19,7 +20,7 @@ RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 def test_every_chapter_is_a_valid_config_in_configs(chapter):
     cfg = chapter_config(chapter)
     assert (CONFIGS / CHAPTERS[chapter]).exists()
-    assert isinstance(cfg, TrainConfig if chapter == "learn" else LoopDemoConfig)
+    assert isinstance(cfg, {"learn": TrainConfig, "program": ProgramDemoConfig}.get(chapter, LoopDemoConfig))
 
 
 def test_the_learn_chapter_is_the_readme_runs_config():

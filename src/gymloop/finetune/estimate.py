@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..models.chat import ChatTokenizer
-from .examples import completion_example, sft_example
+from .examples import preference_example, sft_example
 
 
 def _sft_tokens(tok: ChatTokenizer, rows: list[dict], hp: dict) -> int:
@@ -13,8 +13,7 @@ def _sft_tokens(tok: ChatTokenizer, rows: list[dict], hp: dict) -> int:
 
 
 def _dpo_tokens(tok: ChatTokenizer, rows: list[dict], hp: dict) -> int:
-    return sum(len(completion_example(tok, r["input"]["messages"], r[k], r["input"].get("tools"))[0])
-               for r in rows for k in ("preferred_output", "non_preferred_output"))
+    return sum(len(preference_example(tok, r, k)[0]) for r in rows for k in ("preferred", "non_preferred"))
 
 
 def _rft_tokens(tok: ChatTokenizer, rows: list[dict], hp: dict) -> int:

@@ -13,7 +13,10 @@ from ..trainer.logprobs import TokenBatch
 
 
 def sft_example(tok: ChatTokenizer, row: dict) -> tuple[list[int], list[int]]:
-    """(ids, mask): the conversation, 1 on tokens of assistant messages whose weight is not 0."""
+    """(ids, mask): the conversation, 1 on tokens of assistant messages whose weight is not 0; a
+    row made of tokens already (an agent program's session: {"tokens": {"ids", "mask"}}) as it is."""
+    if "tokens" in row:
+        return list(row["tokens"]["ids"]), list(row["tokens"]["mask"])
     msgs = [{k: v for k, v in m.items() if k != "weight"} for m in row["messages"]]
     ids, mask = tok.sft_ids(msgs, tools=row.get("tools"))
     if any(m.get("weight", 1) == 0 for m in row["messages"]):
@@ -82,8 +85,15 @@ def sft_examples(tok: ChatTokenizer, rows: list[dict]) -> Examples:
     return Examples.of([sft_example(tok, r) for r in rows], tok.pad_token_id)
 
 
+def preference_example(tok: ChatTokenizer, row: dict, key: str) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one side of a DPO row: its prompt and its `key` answer, or (a session pair:
+    {"preferred_tokens": {"ids", "mask"}, ...}) that side's tokens as they were sampled."""
+    if key + "_tokens" in row:
+        return list(row[key + "_tokens"]["ids"]), list(row[key + "_tokens"]["mask"])
+    return completion_example(tok, row["input"]["messages"], row[key + "_output"], row["input"].get("tools"))
+
+
 def preference_examples(tok: ChatTokenizer, rows: list[dict]) -> Examples:
     """A DPO job's rows: the N preferred answers, then the N non-preferred (pair i is rows i and N + i)."""
-    sides = [[completion_example(tok, r["input"]["messages"], r[key], r["input"].get("tools")) for r in rows]
-             for key in ("preferred_output", "non_preferred_output")]
+    sides = [[preference_example(tok, r, key) for r in rows] for key in ("preferred", "non_preferred")]
     return Examples.of(sides[0] + sides[1], tok.pad_token_id)

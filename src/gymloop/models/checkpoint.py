@@ -70,17 +70,26 @@ def save_model(model: torch.nn.Module, tok: ChatTokenizer, path: str | Path,
 
 def load_model(path: str | Path) -> tuple[torch.nn.Module, ChatTokenizer]:
     """Load a Hugging Face causal LM directory (float32, offline)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(path)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=torch.float32, local_files_only=True)
+    return model, tok
+
+
+def load_tokenizer(path: str | Path) -> ChatTokenizer:
+    """The tokenizer of a model directory, with its chat template (offline)."""
+    from transformers import AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
     with quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
         hf_tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if hf_tok.chat_template is None:
         raise ValueError(f"the tokenizer in {path} has no chat template")
-    return model, ChatTokenizer(hf_tok)
+    return ChatTokenizer(hf_tok)
 
 
 def parameter_count(path: str | Path) -> int:
