@@ -323,3 +323,18 @@ def test_rollout_workers_run_a_peer_environment_each_with_its_own_bridge(tmp_pat
     watcher.join()
     assert max(seen) >= 3                      # the driver's (evaluation) and one per worker
     eventually(lambda: bridges() == before, 60, "every bridge stops with the run")
+
+
+def test_rollout_workers_run_an_agent_program_each_with_its_own_endpoint(tmp_path, tool_model_dir, local_ray):
+    """The `agent` environment on Ray: each rollout worker gets its options, serves its own engine
+    to the program and sends back the captured episodes (calls merged into token sequences)."""
+    from conftest import few_grpo_steps
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"id": "a1", "item": "apple"}, {"id": "a2", "item": "apple"}, {"id": "ah", "item": "apple", "split": "heldout"})))
+    _, trained = few_grpo_steps(tmp_path, tool_model_dir, {"name": "agent", "options": {
+        "harness": "clerk:chat_loop", "path": str(Path(FIXTURES) / "agent_programs"), "tasks": str(tasks)}},
+        steps=2, prompts=2, new_tokens=80, eval_tasks=1, cluster={"backend": "ray", "workers": 2, "worker_cpus": 0.5})
+    assert all(r["agent_errors"] == 0 and r["agent_calls"] >= 1 for r in trained), [
+        {k: v for k, v in r.items() if k.startswith(("agent", "reward", "errors"))} for r in trained]

@@ -258,3 +258,15 @@ def test_judged_sessions_train_sft_and_dpo_rounds_on_their_sampled_tokens(clerk,
         out, stats, _ = train_on_traces(store, RoundMethod(method=method, min_examples=1, batch_size=2),
                                         str(tool_model_dir), tmp_path / method, 0, profile)
         assert stats["session_examples"] == 1 and stats["steps"] >= 1 and out != str(tool_model_dir), stats
+
+
+def test_grpo_through_a_program_on_vllm(tmp_path, tool_model_dir_vllm, tasks_file):
+    """GRPO steps whose episodes are the program's calls to vLLM, the trainer's weights sent to it
+    after every step."""
+    needs_vllm()
+    _, trained = few_grpo_steps(tmp_path, tool_model_dir_vllm, {"name": "agent", "options": {
+        "harness": "clerk:chat_loop", "path": str(PROGRAMS), "tasks": tasks_file}},
+        steps=2, prompts=2, new_tokens=80, eval_tasks=1, engine_backend="vllm")
+    assert all(r["agent_errors"] == 0 and r["agent_calls"] >= 1 for r in trained)
+    # the behaviour log-probs are vLLM's, the trainer's recomputation agrees (one float32 model)
+    assert all(r["approx_kl_behaviour"] < 1e-3 for r in trained), [r["approx_kl_behaviour"] for r in trained]

@@ -250,6 +250,9 @@ class AgentEnvironment(PeerEnvironment):
                             f"the program returned {result.reward:g} after {len(calls)} model call(s)")
         return r
 
+    def __reduce__(self):
+        return _rebuild, (self.options,)
+
     def close(self) -> None:
         if self._gateway is not None:
             self._gateway.close()
@@ -260,3 +263,8 @@ def make_agent(**options) -> AgentEnvironment:
     env = AgentEnvironment(AgentConfig(**options))
     env.options = dict(options)
     return env
+
+
+def _rebuild(options: dict) -> AgentEnvironment:
+    """A copy in another process (a Ray rollout worker): built from the options, its own endpoint."""
+    return make_agent(**options)

@@ -202,7 +202,8 @@ class Database(Schema):
             self._local.conn = None
 
 
-COUNTED = frozenset({"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "ledger", "replicas"})
+COUNTED = frozenset({"tasks", "traces", "feedback", "runs", "rounds", "model_versions", "ledger", "replicas",
+                     "sessions", "session_calls", "session_feedback"})
 
 
 def split_statements(sql: str) -> list[str]:
