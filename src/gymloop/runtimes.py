@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,8 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import watchdog
 
 # src/gymloop -> the checkout, where the locks are and the venvs go
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -103,8 +106,10 @@ class Process:
 
     def __init__(self, runtime: str, script: Path, args: list[str], timeout_s: float = 120.0) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix=f"gymloop-{runtime}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([str(python(runtime)), "-P", str(script), *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        # under gymloop's watchdog: it and whatever it starts die with this process, SIGKILL included
+        self.proc = subprocess.Popen(watchdog.command([str(python(runtime)), "-P", str(script), *args]),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=watchdog.environ(), start_new_session=True)
         first: list[str] = []
         reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -138,8 +143,12 @@ class Process:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        try:                         # the watchdog's group: anything the peer left running
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
         if not keep_log:
             Path(self.log.name).unlink(missing_ok=True)
 

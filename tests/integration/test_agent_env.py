@@ -139,6 +139,8 @@ def test_grpo_steps_through_an_agents_sdk_program(tmp_path, tool_model_dir, task
         steps=2, prompts=2, new_tokens=80, eval_tasks=1)
     for rec in trained:
         assert rec["agent_errors"] == 0 and rec["agent_calls"] >= 1 and rec["agent_segments"] >= 1
+        # the SDK agent asks for temperature 0 and 128 tokens: every call sampled as the run does instead
+        assert rec["agent_sampling_overridden"] == rec["agent_calls"] * 8
         assert "approx_kl_behaviour" in rec
     assert summary["final"] is not None and summary["heldout_tasks"] == 1
 

@@ -7,6 +7,8 @@ options, a missing runtime and a dead server are clear errors, never a reward of
 from __future__ import annotations
 
 import json
+import signal
+import os
 import subprocess
 
 import pytest
@@ -162,7 +164,7 @@ def test_bad_options_a_missing_runtime_and_a_dead_server_are_clear_errors(monkey
     try:
         task = env.tasks[0]
         msgs = env.reset(task)
-        env.process.proc.kill()
+        os.killpg(env.process.proc.pid, signal.SIGKILL)     # the server and its watchdog
         env.process.proc.wait()
         msgs.append({"role": "assistant", "content": gold(env.row(task))[0]})
         with pytest.raises(NemoGymError, match="did not answer"):

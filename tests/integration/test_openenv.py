@@ -6,6 +6,8 @@ import and a bridge that dies are clear errors, never a reward of 0."""
 from __future__ import annotations
 
 import json
+import signal
+import os
 import subprocess
 
 import pytest
@@ -101,7 +103,7 @@ def test_bad_options_a_missing_runtime_and_a_dead_server_are_clear_errors(echo, 
         msgs = env.reset(task)
         with pytest.raises(OpenEnvError, match="(?s)(CAPACITY_REACHED|ConnectionClosed).*give option sessions"):
             env.reset(task)
-        env.bridge.proc.kill()
+        os.killpg(env.bridge.proc.pid, signal.SIGKILL)      # the bridge and its watchdog
         msgs.append({"role": "assistant", "content": "hi"})
         with pytest.raises(OpenEnvError, match="exited"):
             env.step(task, msgs, "hi")

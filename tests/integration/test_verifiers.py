@@ -9,6 +9,8 @@ record of the episode scores as verifiers' own rollout of the same turns does, G
 from __future__ import annotations
 
 import json
+import signal
+import os
 import time
 import shutil
 import subprocess
@@ -222,7 +224,7 @@ def test_bad_options_a_missing_runtime_an_unknown_environment_and_a_dead_bridge_
     env = make_env("verifiers", **OPTIONS)
     try:
         task = env.sample_tasks(1, "train", 0)[0]
-        env.bridge.proc.kill()
+        os.killpg(env.bridge.proc.pid, signal.SIGKILL)      # the bridge and its watchdog
         env.bridge.proc.wait()
         with pytest.raises(VerifiersError, match="exited"):
             env.verify(task, play(env, task, ["x"])[0])

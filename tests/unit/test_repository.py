@@ -66,6 +66,8 @@ SLEEPS = {
         "the untrusted program's own sleeps (a grandchild that would outlive the run)",
     ("integration/test_sandbox_soak.py", "<module>"): "an untrusted program's own sleep (a setsid escape attempt)",
     ("fixtures/agent_programs/clerk.py", "slow"): "an agent program that runs past its time limit on purpose",
+    ("e2e/test_orphans.py", "test_a_watchdog_takes_its_whole_group_when_its_parent_dies"):
+        "the sleeps of the processes under test (a parent, and a grandchild that would outlive it)",
 }
 
 

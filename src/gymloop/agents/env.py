@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..envs.base import Message, PeerEnvironment, Score, Split, Task
 from .capture import merge
 from .programs import AsyncRunner, Outcome, ProgramError, Runner, command_runner, function_runner, load_function
+
+
+log = logging.getLogger("gymloop.agents")
 
 
 class AgentConfig(BaseModel):
@@ -185,6 +189,7 @@ class AgentEnvironment(PeerEnvironment):
         eos = tuple(sorted(set(params.stop_token_ids) | set(tok.eos_token_ids)))
         gw.capture.params = dataclasses.replace(params, stop_token_ids=eos)
         gw.take_usage()
+        overridden = gw.capture.overridden
         t0 = time.perf_counter()
         jobs = [t for t in tasks for _ in range(n_per_task)]
         if inspect.iscoroutinefunction(runner):
@@ -200,7 +205,11 @@ class AgentEnvironment(PeerEnvironment):
                              prompt_tokens=used.prompt_tokens, gen_seconds=used.seconds,
                              env_seconds=max(0.0, time.perf_counter() - t0 - used.seconds),
                              errors=sum(not r.ok for r in rollouts), calls=sum(r.calls for r in rollouts),
-                             segments=sum(1 + len(r.segments) for r in rollouts if r.calls))
+                             segments=sum(1 + len(r.segments) for r in rollouts if r.calls),
+                             overridden=gw.capture.overridden - overridden)
+        if stats.overridden and not overridden:
+            log.warning("the agent program asks for its own sampling (temperature, top_p or max_tokens); its calls "
+                        "sample as the run does (sampling.*), so the behaviour log-probs are the policy's")
         return rollouts, stats
 
     async def _async_episodes(self, gw, runner: AsyncRunner, tok, jobs: list[Task], engine) -> list:

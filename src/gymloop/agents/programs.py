@@ -20,12 +20,15 @@ import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
+
+from .. import watchdog
 
 
 class ProgramError(RuntimeError):
@@ -168,11 +171,12 @@ def command_runner(argv: list[str], cwd: str | None = None, env: dict[str, str] 
         task_id = str(task.get("id"))
         environ = {**os.environ, **(env or {}), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key,
                    "GYMLOOP_MODEL": model, "GYMLOOP_TASK": json.dumps(task)}
-        try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
-        except OSError as exc:
-            raise ProgramError(f"task {task_id}: cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        if shutil.which(argv[0], path=environ.get("PATH")) is None and not os.access(argv[0], os.X_OK):
+            raise ProgramError(f"task {task_id}: cannot start {argv[0]!r}: no such executable")
+        # under gymloop's watchdog: the program and what it starts die with gymloop, SIGKILL included
+        proc = subprocess.Popen(watchdog.command(argv), cwd=cwd, env=watchdog.environ(environ),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

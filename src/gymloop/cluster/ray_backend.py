@@ -140,6 +140,7 @@ def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
         episodes=sum(p.episodes for p in parts), generated_tokens=sum(p.generated_tokens for p in parts),
         prompt_tokens=sum(p.prompt_tokens for p in parts), errors=sum(p.errors for p in parts),
         calls=sum(p.calls for p in parts), segments=sum(p.segments for p in parts),
+        overridden=sum(p.overridden for p in parts),
         gen_seconds=max((p.gen_seconds for p in parts), default=0.0),
         env_seconds=max((p.env_seconds for p in parts), default=0.0))
 

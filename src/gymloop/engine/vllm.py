@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import httpx
 import torch
 
+from .. import watchdog
 from .sampling import Generation, GenerationBatch, SamplingParams
 
 PYTHON_ENV = "GYMLOOP_VLLM_PYTHON"           # gymloop.runtimes.env_var("vllm")
@@ -102,19 +103,6 @@ def server_command(python: Path, spec: ServerSpec, port: int) -> list[str]:
     return cmd + (["--max-model-len", str(spec.max_model_len)] if spec.max_model_len else [])
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: its own process group (closed as one), and SIGTERM when the
-    process that started it dies, so a killed gymloop leaves no vLLM behind (Linux)."""
-    os.setsid()
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class VLLMServer:
     """A vLLM OpenAI-compatible server: started by gymloop from the runtime venv (`start`), or
     one already running at a URL (`at`)."""
@@ -145,8 +133,10 @@ class VLLMServer:
         if spec.threads:
             env["OMP_NUM_THREADS"] = str(spec.threads)
         with open(workdir / "vllm.log", "wb") as log:
-            proc = subprocess.Popen(server_command(python, spec, port), stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, preexec_fn=_die_with_parent)
+            # under gymloop's watchdog: its process group (vLLM's engine core and workers too) dies
+            # with this process, SIGKILL included
+            proc = subprocess.Popen(watchdog.command(server_command(python, spec, port)), stdout=log,
+                                    stderr=subprocess.STDOUT, env=watchdog.environ(env), start_new_session=True)
         server = cls(f"http://127.0.0.1:{port}", proc, workdir, spec)
         try:
             server.wait_ready(timeout_s)

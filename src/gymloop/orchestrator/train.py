@@ -367,7 +367,7 @@ def _agent_metrics(env, st) -> dict:
     if not env.runs_episodes:
         return {}
     return {"agent_calls": st.calls / max(st.episodes, 1), "agent_segments": st.segments / max(st.episodes, 1),
-            "agent_errors": st.errors}
+            "agent_errors": st.errors, "agent_sampling_overridden": st.overridden}
 
 
 def log_step(run: Run, step: int, got, rollouts, st, adv, refills: int, metrics: dict, bar) -> float:

@@ -93,6 +93,7 @@ class RolloutStats:
     errors: int = 0
     calls: int = 0                 # agent programs' model calls
     segments: int = 0              # ... and the training sequences they made
+    overridden: int = 0            # ... and those whose own sampling the run's replaced
 
     def add(self, other: "RolloutStats") -> None:
         """Accumulate another batch run after this one (counts and seconds both add)."""
