@@ -29,7 +29,7 @@ import torch
 
 from gymloop import runtimes
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import make_env
 from gymloop.models.checkpoint import load_model
 from gymloop.rollout.episodes import collect
@@ -62,7 +62,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
                                          num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=4096)).eval()
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    engine = NativeEngine(model, tok.pad_token_id, decode=tok.decode)
     params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

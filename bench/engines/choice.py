@@ -32,7 +32,7 @@ from bench import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch)
 import torch
 
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.engine.vllm import VLLMEngine
 from gymloop.envs import make_env
 from gymloop.models.checkpoint import load_model
@@ -95,7 +95,7 @@ def generation(name: str, repeats: int) -> tuple[list[dict], dict]:
     path = resolve_model(model_name, progress=False)
     t0 = time.perf_counter()
     model, tok = load_model(path)
-    native = Engine(model, tok.pad_token_id, decode=tok.decode, dtype="bfloat16" if dtype == "bfloat16" else "model")
+    native = NativeEngine(model, tok.pad_token_id, decode=tok.decode, dtype="bfloat16" if dtype == "bfloat16" else "model")
     startup = {"native": time.perf_counter() - t0}
     t0 = time.perf_counter()
     hf_model, _ = load_model(path)

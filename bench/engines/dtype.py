@@ -22,7 +22,7 @@ from bench import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch)
 import torch
 
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine
+from gymloop.engine import NativeEngine
 from gymloop.envs import make_env
 from gymloop.demos.traffic import send_traffic
 from gymloop.models.checkpoint import load_model
@@ -35,7 +35,7 @@ DTYPES = ("model", "bfloat16")
 
 def evaluation(model, tok, env, tasks, dtype: str) -> tuple[float, float]:
     """(seconds, pass@1) of a greedy evaluation of `tasks` in `dtype`."""
-    res = evaluate(Engine(model, tok.pad_token_id, decode=tok.decode, dtype=dtype), tok, env, tasks,
+    res = evaluate(NativeEngine(model, tok.pad_token_id, decode=tok.decode, dtype=dtype), tok, env, tasks,
                    max_new_tokens=48)
     return res.seconds, res.pass1
 

@@ -17,7 +17,7 @@ import torch
 
 from gymloop.models.checkpoint import load_model
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import make_env
 from gymloop.rollout.episodes import collect
 
@@ -31,7 +31,7 @@ def main() -> None:
     env = make_env("tools", version=1)
     per_task = 8
     tasks = env.sample_tasks(args.episodes // per_task, "train", 0)
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, max_batch=256)
+    engine = NativeEngine(model, tok.pad_token_id, decode=tok.decode, max_batch=256)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     rolls, st = collect(engine, tok, env, tasks, per_task, SamplingParams(max_new_tokens=40, temperature=0.7, seed=0),

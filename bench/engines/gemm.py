@@ -111,7 +111,7 @@ def grpo_steps(rounds: int) -> dict[str, list[float]]:
     """ms per GRPO trainer step on one rollout batch, the model's layers routed or plain."""
     from gymloop.algorithms import PolicyLoss, advantages_for
     from gymloop.bases.registry import resolve_model
-    from gymloop.engine import Engine, SamplingParams
+    from gymloop.engine import NativeEngine, SamplingParams
     from gymloop.envs import ArithEnv
     from gymloop.models.checkpoint import load_model
     from gymloop.rollout.episodes import collect
@@ -120,7 +120,7 @@ def grpo_steps(rounds: int) -> dict[str, list[float]]:
 
     model, tok = load_model(resolve_model("nano", progress=False))
     env = ArithEnv()
-    rolls, _ = collect(Engine(model, tok.pad_token_id), tok, env, env.sample_tasks(32, "train", 0), 8,
+    rolls, _ = collect(NativeEngine(model, tok.pad_token_id), tok, env, env.sample_tasks(32, "train", 0), 8,
                        SamplingParams(max_new_tokens=6, seed=0))
     adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=False)
     batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)

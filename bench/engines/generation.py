@@ -20,7 +20,7 @@ import torch
 
 from gymloop.models.checkpoint import load_model
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import ArithEnv
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_model(resolve_model("nano"))
-    engine = Engine(model, tok.pad_token_id)
+    engine = NativeEngine(model, tok.pad_token_id)
     env = ArithEnv()
     rows = [["workload", "batch", "gymloop tok/s", "generate tok/s", "ratio"]]
     results = []

@@ -79,7 +79,7 @@ def learning(seeds: list[int]) -> list[dict]:
 def overhead(repeats: int = 3, tasks: int = 16, group: int = 8) -> dict:
     """Episodes/s of the same tasks through `agent` and through `tools@v3` on one engine."""
     from gymloop.bases.registry import resolve_model
-    from gymloop.engine import Engine, SamplingParams
+    from gymloop.engine import NativeEngine, SamplingParams
     from gymloop.envs import make_env
     from gymloop.models.checkpoint import load_model
     from gymloop.rollout.episodes import collect
@@ -87,7 +87,7 @@ def overhead(repeats: int = 3, tasks: int = 16, group: int = 8) -> dict:
     cfg = load_config(CONFIG)
     torch.set_num_threads(cfg.threads)
     model, tok = load_model(resolve_model(cfg.model, progress=False))
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    engine = NativeEngine(model, tok.pad_token_id, decode=tok.decode)
     builtin = make_env("tools", version=3)
     agent = make_env("agent", **{**cfg.env.options, "path": str(ROOT / cfg.env.options["path"]),
                                  "tasks": str(ROOT / cfg.env.options["tasks"])})

@@ -50,7 +50,7 @@ import torch
 
 from gymloop.bases.registry import resolve_model
 from gymloop.config import EvalConfig, GRPOConfig, SamplingConfig, TrainConfig
-from gymloop.engine import Engine
+from gymloop.engine import NativeEngine
 from gymloop.envs import ArithEnv
 from gymloop.envs.arith import parse_answer
 from gymloop.models.checkpoint import load_model
@@ -140,7 +140,7 @@ def run_trl(sys_: System, model_spec: str, seed: int, target: float, args) -> di
     curve, clock = [], {"paused": 0.0, "t0": 0.0}
 
     def held_out() -> float:
-        return evaluate(Engine(model, tok.pad_token_id), tok, env, held, max_new_tokens=NEW_TOKENS).pass1
+        return evaluate(NativeEngine(model, tok.pad_token_id), tok, env, held, max_new_tokens=NEW_TOKENS).pass1
 
     class Eval(TrainerCallback):
         def on_train_begin(self, a, state, control, **kw):
@@ -283,7 +283,7 @@ def main() -> None:
         for task_seed in args.task_seeds:
             torch.set_num_threads(1)
             held = env.sample_tasks(args.tasks, "heldout", seed=task_seed)
-            base = evaluate(Engine(model, tok.pad_token_id), tok, env, held, max_new_tokens=NEW_TOKENS).pass1
+            base = evaluate(NativeEngine(model, tok.pad_token_id), tok, env, held, max_new_tokens=NEW_TOKENS).pass1
             cell = {"base_seed": base_seed, "task_seed": task_seed, "model": spec, "base_pass1": base,
                     "target": round(base + args.gain, 4), "order": [], "runs": {}}
             k = len(cells) % len(args.systems)

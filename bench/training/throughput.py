@@ -17,7 +17,7 @@ import torch
 
 from gymloop.models.checkpoint import load_model
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import ArithEnv
 from gymloop.rollout.episodes import collect
 from gymloop.algorithms import PolicyLoss, advantages_for
@@ -38,7 +38,7 @@ def main() -> None:
     ceiling = common.matmul_gflops()
     results = []
     for prompts in (16, 32, 64):
-        rolls, _ = collect(Engine(model, tok.pad_token_id), tok, env, env.sample_tasks(prompts, "train", 0), 8,
+        rolls, _ = collect(NativeEngine(model, tok.pad_token_id), tok, env, env.sample_tasks(prompts, "train", 0), 8,
                            SamplingParams(max_new_tokens=6, seed=0))
         adv = advantages_for(rolls, 8, "grpo", drop_zero_signal=False)
         batch = rollouts_to_batch(adv.rollouts, tok.pad_token_id)

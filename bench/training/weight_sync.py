@@ -26,7 +26,7 @@ import torch
 
 from gymloop.models.checkpoint import load_model
 from gymloop.bases.registry import resolve_model
-from gymloop.engine import Engine
+from gymloop.engine import NativeEngine
 from gymloop.sync.shared import SharedWeights
 
 
@@ -82,10 +82,10 @@ def main() -> None:
         # tied tensors (embedding = lm_head) are one tensor: counted, and moved, once
         unique = {t.data_ptr(): t for t in model.state_dict().values()}
         nbytes = sum(t.numel() * t.element_size() for t in unique.values())
-        engine = Engine(model, 0)
+        engine = NativeEngine(model, 0)
         t_in = common.median_time(lambda: engine.load_weights(model.state_dict(), version=1), repeats=5)
         shared = SharedWeights(model, mp.get_context("fork"))
-        other = Engine(__import__("copy").deepcopy(model), 0)
+        other = NativeEngine(__import__("copy").deepcopy(model), 0)
 
         def shm():
             shared.write(model, 2)

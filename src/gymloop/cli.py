@@ -11,6 +11,8 @@ from pathlib import Path
 # Before torch is imported: OpenMP threads sleep instead of spinning (steadier CPU timings).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .backends import NAMES as ENGINE_BACKENDS  # noqa: E402  (declared once, torch-free)
+
 
 def _model_help() -> str:
     from .bases.registry import MODELS
@@ -19,7 +21,6 @@ def _model_help() -> str:
 
 
 MODEL_HELP = _model_help()
-ENGINE_BACKENDS = ("auto", "llama", "hf", "vllm")
 ENGINE_HELP = "the engine rollouts generate with (the config's engine_backend; vllm: `make vllm` first)"
 
 
@@ -212,7 +213,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from .models.checkpoint import load_model
     from .bases.registry import resolve_model
-    from .engine import Engine
+    from .engine.factory import EngineSpec, make_engine
     from .envs import make_env
     from .rollout.evaluate import evaluate
 
@@ -222,12 +223,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     env = make_env(args.env, **json.loads(args.env_options))
     tasks = env.sample_tasks(args.tasks, "heldout", seed=args.seed)
     ks = [int(k) for k in args.k.split(",")] if args.k else []
-    if args.engine_backend == "vllm":
-        from .engine.vllm import VLLMEngine
-
-        engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, seed=args.seed)
-    else:
-        engine = Engine(model, tok.pad_token_id, backend=args.engine_backend or "auto", decode=tok.decode)
+    engine = make_engine(EngineSpec(backend=args.engine_backend or "auto", model_dir=str(model_dir), seed=args.seed),
+                         model, tok)
     try:
         res = evaluate(engine, tok, env, tasks, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                        ks=ks, samples=args.samples or max(ks or [0]), progress=not args.quiet)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .backends import NAMES, check_backend
 from .models.lora import LoraOptions
 
 
@@ -46,6 +47,21 @@ class SamplingConfig(_Strict):
 
 # The names of engine.ENGINE_DTYPES (a test keeps them equal; this module stays free of torch).
 EngineDtype = Literal["model", "bfloat16"]
+# The engine backends' names, declared once (backends.py, also torch-free)
+EngineBackend = Literal[NAMES]  # type: ignore[valid-type]
+
+
+class VLLMSettings(_Strict):
+    """How gymloop starts vLLM (engine_backend vllm): the device's preset (CPU: eager, whole prefills,
+    its KV cache in RAM; GPU: CUDA graphs, a share of the GPU's memory) chosen from the runtime's
+    vLLM build, then these."""
+
+    args: list[str] = Field(default_factory=list, description="More vLLM server flags, passed last (they win over "
+                            "the preset's), e.g. ['--max-num-seqs', '128'].")
+    gpu_memory: float | None = Field(None, gt=0, le=1, description="GPU: the share of the GPU's memory vLLM may "
+                                     "take (default 0.9; 0.45 when the trainer is on the same GPU, device: cuda).")
+    kv_cache_gb: float | None = Field(None, gt=0, description="CPU: the KV cache's size in GiB "
+                                      "(VLLM_CPU_KVCACHE_SPACE; default 1).")
 
 _TABLES = {"advantage": "ADVANTAGES", "loss": "LOSSES", "loss_agg": "AGGREGATIONS", "correction": "CORRECTIONS"}
 
@@ -234,17 +250,18 @@ class RunBlocks(_Strict):
     run_dir: str = Field("runs", description="Parent directory of run directories.")
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (directory prefix); a loop's id "
                       "(a restart with the same name resumes).")
-    engine_backend: Literal["auto", "llama", "hf", "vllm"] = Field(
-        "auto", description="Engine backend: auto (llama when the model allows it, else hf), llama (gymloop's native "
-        "sampler), hf (transformers' forward), or vllm (a vLLM server in its own process and venv, `make vllm`; "
-        "weights sent after every step, a LoRA run's as adapters; with max_staleness > 0 a collector thread "
-        "generates on it; on Ray each rollout worker starts its own).")
+    engine_backend: EngineBackend = Field(
+        "auto", description="Engine backend (gymloop/backends.py): auto (llama when the model allows it, else hf), "
+        "llama (gymloop's native sampler), hf (transformers' forward), or vllm (a vLLM server in its own process "
+        "and venv, `make vllm`; weights sent after every step, a LoRA run's as adapters; with max_staleness > 0 a "
+        "collector thread generates on it; on Ray each rollout worker starts its own).")
     vllm_url: str | None = Field(None, description="engine_backend vllm: a running vLLM server (started with "
                                  "gymloop's worker extension) to use instead of starting one.")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="engine_backend vllm: how it is started.")
     engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own, exact) or "
-                        "bfloat16 (cast copies, remade at each weight load; 2-3x faster prefill on CPUs with AMX; "
-                        "native backend only). The trainer keeps the model's dtype: the sampled tokens' log-probs "
+                        "bfloat16 (native: cast copies, remade at each weight load, 2-3x faster prefill on CPUs with "
+                        "AMX; vLLM: its --dtype). The trainer keeps the model's dtype: the sampled tokens' log-probs "
                         "then differ from its own (logged as approx_kl_behaviour; grpo.correction corrects).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer and its engine run. cuda: this process's current GPU "
@@ -259,6 +276,8 @@ class RunBlocks(_Strict):
     @model_validator(mode="after")
     def _cuda_collector(self) -> "RunBlocks":
         check_device(self.device, self.grpo, self.cluster)
+        check_backend(self.engine_backend, router_replay=self.grpo.router_replay, dtype=self.engine_dtype,
+                      lora=self.grpo.lora is not None)
         if self.grpo.router_replay and self.cluster.backend == "ray":
             raise ValueError("grpo.router_replay records routing in this process's engines: it does not "
                              "run with cluster.backend ray yet")

@@ -138,7 +138,7 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
     import importlib
 
     from gymloop.models.checkpoint import load_model
-    from gymloop.engine import Engine
+    from gymloop.engine import NativeEngine
     from gymloop.orchestrator.train import train
 
     ev = importlib.import_module("gymloop.rollout.evaluate")      # the module (the package exports the function)
@@ -154,7 +154,7 @@ def test_held_out_evaluation_runs_on_the_actors_and_scores_as_locally(tmp_path, 
     # the same checkpoint evaluated in this process, greedily: the same episodes, the same score
     model, tok = load_model(Path(s["run_dir"]) / "checkpoint")
     env = DigitEnv()
-    local = ev.evaluate(Engine(model, tok.pad_token_id, decode=tok.decode), tok, env,
+    local = ev.evaluate(NativeEngine(model, tok.pad_token_id, decode=tok.decode), tok, env,
                         env.sample_tasks(24, "heldout", seed=cfg.seed), max_new_tokens=1, max_turns=cfg.env.max_turns)
     assert (s["final"]["pass1"], s["final"]["generated_tokens"]) == (local.pass1, local.generated_tokens)
     assert s["final"]["tasks"] == 24

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import few_grpo_steps, needs_vllm
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import make_env
 from gymloop.models.checkpoint import load_model
 from gymloop.rollout.episodes import collect
@@ -35,7 +35,7 @@ def tasks_file(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def policy(tool_model_dir):
     model, tok = load_model(tool_model_dir)
-    return Engine(model, tok.pad_token_id, decode=tok.decode), tok
+    return NativeEngine(model, tok.pad_token_id, decode=tok.decode), tok
 
 
 def agent_env(tasks_file: str, **options):
@@ -183,7 +183,7 @@ def test_a_production_session_with_feedback_becomes_a_training_task(clerk, tool_
     import clerk as programs
     from openai import OpenAI
 
-    from gymloop.agents.capture import Call, merge
+    from gymloop.rollout.capture import Call, merge
     from gymloop.config import EnvSpec, TrainConfig
     from gymloop.loop.config import CurriculumConfig
     from gymloop.loop.curriculum import curriculum

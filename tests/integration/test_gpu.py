@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.trainer.logprobs import make_batch, token_logprobs
 from gymloop.trainer.trainer import Trainer
 
@@ -31,7 +31,7 @@ PROMPTS = [[3, 10, 11, 12], [3, 20, 21, 22, 23, 24, 25, 26], [3, 30]]
 @pytest.mark.parametrize("backend", ["llama", "hf"])
 def test_engine_logprobs_match_full_forward_on_gpu(tok, backend):
     model = tiny_llama(tok.vocab_size, kv_heads=2).cuda()
-    eng = Engine(model, tok.pad_token_id, backend=backend)
+    eng = NativeEngine(model, tok.pad_token_id, backend=backend)
     assert eng.device.type == "cuda"
     out = eng.generate(PROMPTS * 4, SamplingParams(max_new_tokens=12, temperature=0.7, seed=1))
     worst = 0.0

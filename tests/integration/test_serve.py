@@ -157,7 +157,7 @@ def test_logprobs_are_returned_and_are_the_models(server, client):
     import torch
 
     from gymloop.models.checkpoint import load_model
-    from gymloop.engine import Engine, SamplingParams
+    from gymloop.engine import NativeEngine, SamplingParams
     from gymloop.trainer.logprobs import make_batch, token_logprobs
 
     msgs = [{"role": "user", "content": "12+30="}]
@@ -170,7 +170,7 @@ def test_logprobs_are_returned_and_are_the_models(server, client):
     model, tok = load_model(server["cfg"].model)
     prompt = tok.prompt_ids(msgs)
     # the same greedy generation in this process gives the token ids the API does not return
-    gen = Engine(model, tok.pad_token_id).generate(
+    gen = NativeEngine(model, tok.pad_token_id).generate(
         [prompt], SamplingParams(max_new_tokens=6, temperature=0, stop_token_ids=tok.eos_token_ids)).generations[0]
     assert [c.token for c in content] == [tok.decode([t]) for t in gen.token_ids]
     b = make_batch([prompt + gen.token_ids], [[0] * len(prompt) + [1] * len(gen.token_ids)], None, tok.pad_token_id)

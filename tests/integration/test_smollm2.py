@@ -41,12 +41,12 @@ def test_the_gguf_conversion_draws_no_library_progress_bar(converted):
 
 
 def test_engine_logprobs_match_full_forward(smol):
-    from gymloop.engine import Engine, SamplingParams
+    from gymloop.engine import NativeEngine, SamplingParams
     from gymloop.trainer.logprobs import make_batch, token_logprobs
 
     model, tok = smol
     prompts = [tok.prompt_ids([{"role": "user", "content": q}]) for q in ("What is 17 + 25?", "Hi")]
-    out = Engine(model, tok.pad_token_id).generate(prompts, SamplingParams(max_new_tokens=6, seed=0))
+    out = NativeEngine(model, tok.pad_token_id).generate(prompts, SamplingParams(max_new_tokens=6, seed=0))
     for p, g in zip(prompts, out.generations):
         b = make_batch([p + g.token_ids], [[0] * len(p) + [1] * len(g.token_ids)], None, tok.pad_token_id)
         with torch.no_grad():
@@ -55,7 +55,7 @@ def test_engine_logprobs_match_full_forward(smol):
 
 
 def test_grpo_step_end_to_end_on_cpu(smol):
-    from gymloop.engine import Engine, SamplingParams
+    from gymloop.engine import NativeEngine, SamplingParams
     from gymloop.envs import make_env
     from gymloop.rollout.episodes import collect
     from gymloop.algorithms import PolicyLoss, advantages_for
@@ -64,7 +64,7 @@ def test_grpo_step_end_to_end_on_cpu(smol):
 
     model, tok = smol
     env = make_env("arith")
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    engine = NativeEngine(model, tok.pad_token_id, decode=tok.decode)
     rolls, stats = collect(engine, tok, env, env.sample_tasks(2, "train", 0), 4,
                            SamplingParams(max_new_tokens=8, seed=0))
     assert stats.generated_tokens > 0 and all(r.ok for r in rolls)

@@ -10,7 +10,7 @@ import yaml
 
 from gymloop.models.checkpoint import load_model, save_model
 from gymloop.config import ConfigError, TrainConfig, load_config
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.envs import REGISTRY, Score, Task  # noqa: F401
 from gymloop.rollout.episodes import collect
 from gymloop.algorithms import PolicyLoss, advantages_for
@@ -23,7 +23,7 @@ from conftest import DigitEnv, digit_cfg, digit_loop_cfg, tiny_llama, use_env
 def test_short_rl_run_learns_easy_task(tok):
     torch.manual_seed(0)
     model = tiny_llama(tok.vocab_size, seed=3)
-    engine = Engine(model, tok.pad_token_id)
+    engine = NativeEngine(model, tok.pad_token_id)
     trainer = Trainer(model, lr=3e-2, warmup_steps=0)
     env = DigitEnv()
     rewards = []
@@ -48,7 +48,7 @@ def test_infrastructure_errors_are_excluded_not_zero(tok, model):
                 raise RuntimeError("sandbox crashed")
             return super().verify(task, messages)
 
-    engine = Engine(model, tok.pad_token_id)
+    engine = NativeEngine(model, tok.pad_token_id)
     rolls, stats = collect(engine, tok, Broken(), Broken().sample_tasks(2, "train", 0), 4,
                            SamplingParams(max_new_tokens=1, seed=0))
     assert stats.errors == 4
@@ -72,7 +72,7 @@ def test_episodes_stay_within_the_models_context(tok, model):
             return [Task(id="long", env=self.name, answer=0, prompt=({"role": "user", "content": text(10 * k)},)),
                     Task(id="near", env=self.name, answer=0, prompt=tuple(near))]
 
-    engine = Engine(model, tok.pad_token_id)
+    engine = NativeEngine(model, tok.pad_token_id)
     env = Long()
     rolls, stats = collect(engine, tok, env, env.sample_tasks(2, "train", 0), 2,
                            SamplingParams(max_new_tokens=16, seed=0))
@@ -357,7 +357,7 @@ def test_shared_weights_cost_one_copy_and_never_touch_the_buffer_in_use(tok):
     from gymloop.sync.shared import SharedWeights
 
     trainer_model = tiny_llama(tok.vocab_size, seed=5)          # tied embeddings (tiny_llama default)
-    engine = Engine(copy.deepcopy(trainer_model), tok.pad_token_id)
+    engine = NativeEngine(copy.deepcopy(trainer_model), tok.pad_token_id)
     shared = SharedWeights(trainer_model, mp.get_context("fork"))
     ptrs = lambda b: {t.data_ptr() for t in shared.buffers[b].values()}  # noqa: E731
 
@@ -384,7 +384,7 @@ def test_shared_weights_cost_one_copy_and_never_touch_the_buffer_in_use(tok):
     assert engine.version == 3 and all(torch.equal(engine.model.state_dict()[k], v3[k]) for k in v3)
     prompt = tok.prompt_ids([{"role": "user", "content": "2+3="}])
     a = engine.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0)).generations[0].token_ids
-    b = Engine(trainer_model, tok.pad_token_id).generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0))
+    b = NativeEngine(trainer_model, tok.pad_token_id).generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0))
     assert a == b.generations[0].token_ids
 
 

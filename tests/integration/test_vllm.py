@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import needs_vllm
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.engine.vllm import VLLMEngine, VLLMError
 
 # float32 on both sides; the same kernels are not promised, so log-probs agree to this
@@ -32,11 +32,11 @@ def vllm(model_dir, tok):
     engine.close()
 
 
-def native(model_dir, tok) -> Engine:
+def native(model_dir, tok) -> NativeEngine:
     from gymloop.models.checkpoint import load_model
 
     model, _ = load_model(model_dir)
-    return Engine(model, tok.pad_token_id, decode=tok.decode)
+    return NativeEngine(model, tok.pad_token_id, decode=tok.decode)
 
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13], [20]]
@@ -240,7 +240,7 @@ def test_smollm2s_greedy_tokens_equal_the_native_engines(tok):
                ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
                 "Explain what a tokenizer does in one sentence.")]
     params = SamplingParams(max_new_tokens=24, temperature=0.0, top_logprobs=2)
-    ours = Engine(model, stok.pad_token_id, decode=stok.decode).generate(prompts, params).generations
+    ours = NativeEngine(model, stok.pad_token_id, decode=stok.decode).generate(prompts, params).generations
     engine = VLLMEngine.start(path, stok.pad_token_id, decode=stok.decode)
     try:
         theirs = engine.generate(prompts, params).generations

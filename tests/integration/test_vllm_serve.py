@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import agent_rows, eventually, free_port, needs_vllm, overfit
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.store import Store
 
 QUESTION = agent_rows()[0]["messages"][:2]        # the agent's instructions and its question
@@ -73,7 +73,7 @@ def native_reply(model_dir: Path, tok, messages: list[dict], max_tokens: int) ->
 
     model, _ = load_model(model_dir)
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, stop_token_ids=tok.eos_token_ids)
-    gen = Engine(model, tok.pad_token_id, decode=tok.decode).generate([tok.prompt_ids(messages)], params)
+    gen = NativeEngine(model, tok.pad_token_id, decode=tok.decode).generate([tok.prompt_ids(messages)], params)
     return tok.decode(gen.generations[0].token_ids)
 
 

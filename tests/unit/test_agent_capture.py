@@ -1,11 +1,11 @@
-"""Merging an agent program's calls into training sequences (agents/capture.py): a call that
+"""Merging an agent program's calls into training sequences (rollout/capture.py): a call that
 continues the previous one is appended onto its exact sampled ids; one that rewrote its history
 starts a segment; the comparison is by message, not by re-rendered text."""
 from __future__ import annotations
 
 import pytest
 
-from gymloop.agents.capture import Call, continues, merge, message_key, start
+from gymloop.rollout.capture import Call, continues, merge, message_key, start
 
 TOOLS = [{"type": "function", "function": {"name": "get_stock", "description": "d",
                                            "parameters": {"type": "object", "properties": {"item": {}}}}}]

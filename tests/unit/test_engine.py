@@ -1,10 +1,10 @@
-"""Engine: log-probs match a full forward pass, padding, stopping, weight swaps."""
+"""NativeEngine: log-probs match a full forward pass, padding, stopping, weight swaps."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gymloop.engine import Engine, SamplingParams, sample_next
+from gymloop.engine import NativeEngine, SamplingParams, sample_next
 from gymloop.engine.sampling import left_pad
 from gymloop.trainer.logprobs import make_batch, token_logprobs
 
@@ -30,7 +30,7 @@ def test_logprobs_match_full_forward(tok, backend, kv_heads, model_type, tempera
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
-    eng = Engine(model, tok.pad_token_id, backend=backend)
+    eng = NativeEngine(model, tok.pad_token_id, backend=backend)
     out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=temperature, seed=1))
     worst = 0.0
     for p, g in zip(PROMPTS, out.generations):
@@ -40,7 +40,7 @@ def test_logprobs_match_full_forward(tok, backend, kv_heads, model_type, tempera
 
 
 def test_greedy_matches_hf_generate(tok, model):
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0))
     for p, g in zip(PROMPTS, out.generations):
         ref = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
@@ -50,15 +50,15 @@ def test_greedy_matches_hf_generate(tok, model):
 
 def test_native_and_hf_backends_agree_under_sampling(tok, model):
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
-    a = Engine(model, tok.pad_token_id, backend="llama").generate(PROMPTS * 4, params)
-    b = Engine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 4, params)
+    a = NativeEngine(model, tok.pad_token_id, backend="llama").generate(PROMPTS * 4, params)
+    b = NativeEngine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 4, params)
     # HF keeps finished rows and the native path drops them; with no stop token both sample
     # every row at every step from the same generator, so the draws are the same.
     assert [g.token_ids for g in a.generations] == [g.token_ids for g in b.generations]
 
 
 def test_stop_token_and_length(tok, model):
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     free = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))
     first = free.generations[1].token_ids[2]
     out = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(first,)))
@@ -71,7 +71,7 @@ def test_stop_token_and_length(tok, model):
 
 
 def test_stop_string(tok, model):
-    eng = Engine(model, tok.pad_token_id, decode=tok.decode)
+    eng = NativeEngine(model, tok.pad_token_id, decode=tok.decode)
     free = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, temperature=0.0))
     text = tok.decode(free.generations[0].token_ids)
     stop = text[2:4]
@@ -81,7 +81,7 @@ def test_stop_string(tok, model):
 
 
 def test_stop_string_without_tokenizer_is_an_error(tok, model):
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     with pytest.raises(ValueError, match="stop strings"):
         eng.generate(PROMPTS, SamplingParams(max_new_tokens=2, stop=("x",)))
 
@@ -89,7 +89,7 @@ def test_stop_string_without_tokenizer_is_an_error(tok, model):
 def test_copies_of_a_prompt_are_prefilled_once(tok, model):
     """A GRPO group's samples share their prompt: the native backend prefills each distinct
     prompt once; every copy still samples on its own and its log-probs are the model's."""
-    eng = Engine(model, tok.pad_token_id, backend="llama")
+    eng = NativeEngine(model, tok.pad_token_id, backend="llama")
     rows = []
     prefill = eng.backend._prefill
     eng.backend._prefill = lambda ids, mask: rows.append(len(ids)) or prefill(ids, mask)
@@ -134,7 +134,7 @@ def test_compaction_changes_nothing(tok, model):
     """Dropping finished rows from the cache must not change any row's output."""
     from gymloop.engine.sampling import run_generation
 
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     probe = eng.generate(PROMPTS * 3, SamplingParams(max_new_tokens=10, temperature=0.0))
     stop = probe.generations[0].token_ids[1]
     params = SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(stop,))
@@ -146,13 +146,13 @@ def test_compaction_changes_nothing(tok, model):
 
 def test_load_weights_in_place(tok):
     a, b = tiny_llama(tok.vocab_size, seed=0), tiny_llama(tok.vocab_size, seed=1)
-    eng = Engine(a, tok.pad_token_id)
+    eng = NativeEngine(a, tok.pad_token_id)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = eng.generate(PROMPTS, params)
     copied = eng.load_weights(b.state_dict(), version=3)
     assert copied > 0 and eng.version == 3 and eng.model is a
     after = eng.generate(PROMPTS, params)
-    expect = Engine(b, tok.pad_token_id).generate(PROMPTS, params)
+    expect = NativeEngine(b, tok.pad_token_id).generate(PROMPTS, params)
     assert [g.token_ids for g in after.generations] == [g.token_ids for g in expect.generations]
     assert after.version == 3 and before.version == 0
     # Publishing the engine's own tensors copies nothing.
@@ -160,7 +160,7 @@ def test_load_weights_in_place(tok):
 
 
 def test_load_weights_rejects_bad_input(tok, model):
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     with pytest.raises(KeyError, match="not a parameter"):
         eng.load_weights({"nope.weight": torch.zeros(1)}, version=1)
     name = "model.norm.weight"
@@ -207,12 +207,12 @@ def test_left_pad_and_empty_prompt(tok, model):
     ids, mask = left_pad([[5, 6], [7]], 0)
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[True, True], [False, True]]
     with pytest.raises(ValueError, match="at least one token"):
-        Engine(model, tok.pad_token_id).generate([[]], SamplingParams())
+        NativeEngine(model, tok.pad_token_id).generate([[]], SamplingParams())
 
 
 def test_unknown_backend(tok, model):
     with pytest.raises(ValueError, match="unknown engine backend"):
-        Engine(model, tok.pad_token_id, backend="vllm")
+        NativeEngine(model, tok.pad_token_id, backend="vllm")
 
 
 def test_bfloat16_engine_computes_in_bfloat16_and_leaves_the_model_alone(tok):
@@ -220,7 +220,7 @@ def test_bfloat16_engine_computes_in_bfloat16_and_leaves_the_model_alone(tok):
     bfloat16's rounding, not equal: the engine really computes in bfloat16), the model's own
     parameters stay float32 and trainable, and a weight update reaches generation."""
     model = tiny_llama(tok.vocab_size, seed=0)
-    eng = Engine(model, tok.pad_token_id, dtype="bfloat16")
+    eng = NativeEngine(model, tok.pad_token_id, dtype="bfloat16")
     assert eng.backend.dtype is torch.bfloat16 and eng.backend.layers[0][1].dtype is torch.bfloat16
     assert all(p.dtype is torch.float32 and p.requires_grad for p in model.parameters())
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -236,16 +236,16 @@ def test_bfloat16_engine_computes_in_bfloat16_and_leaves_the_model_alone(tok):
             p.copy_(q)
     assert eng.load_weights(model.state_dict(), version=1) == 0       # nothing copied: the same tensors
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    again = Engine(other, tok.pad_token_id, dtype="bfloat16").generate(PROMPTS, greedy)
+    again = NativeEngine(other, tok.pad_token_id, dtype="bfloat16").generate(PROMPTS, greedy)
     assert [g.token_ids for g in eng.generate(PROMPTS, greedy).generations] == \
         [g.token_ids for g in again.generations]
 
 
 def test_a_compute_dtype_needs_the_native_backend(tok, model):
     with pytest.raises(ValueError, match="needs the native llama backend"):
-        Engine(model, tok.pad_token_id, backend="hf", dtype="bfloat16")
+        NativeEngine(model, tok.pad_token_id, backend="hf", dtype="bfloat16")
     with pytest.raises(ValueError, match="unknown engine dtype"):
-        Engine(model, tok.pad_token_id, dtype="float8")
+        NativeEngine(model, tok.pad_token_id, dtype="float8")
 
 
 def test_the_configs_engine_dtypes_are_the_engines():
@@ -275,17 +275,17 @@ def test_a_lora_model_generates_natively_as_its_own_forward(tok):
     peft's forward, its draws the hf backend's, and an optimizer step on the adapters, published
     as a trainer does (the same tensors: nothing copied), reaches generation."""
     model = lora_model(tok)
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     assert eng.backend_name == "llama"
     params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
     out = eng.generate(PROMPTS * 2, params)
     for p, g in zip(PROMPTS * 2, out.generations):
         ref = full_forward_logprobs(model, p, g.token_ids, 1.0)             # peft's own forward
         assert (ref - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
-    hf = Engine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 2, params)
+    hf = NativeEngine(model, tok.pad_token_id, backend="hf").generate(PROMPTS * 2, params)
     assert [g.token_ids for g in out.generations] == [g.token_ids for g in hf.generations]
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
-    plain = Engine(tiny_llama(tok.vocab_size, seed=0, kv_heads=2, model_type="qwen2"),   # the base alone
+    plain = NativeEngine(tiny_llama(tok.vocab_size, seed=0, kv_heads=2, model_type="qwen2"),   # the base alone
                    tok.pad_token_id).generate(PROMPTS, greedy)
     assert [g.token_ids for g in eng.generate(PROMPTS, greedy).generations] != [g.token_ids for g in plain.generations]
     before = eng.generate(PROMPTS, greedy)
@@ -308,5 +308,5 @@ def test_lora_the_native_path_cannot_compute_runs_in_the_models_forward(tok, opt
 
     model = lora_model(tok, **options)
     assert why in supports(model)
-    eng = Engine(model, tok.pad_token_id)
+    eng = NativeEngine(model, tok.pad_token_id)
     assert eng.backend_name == "hf" and why in eng.native_unsupported

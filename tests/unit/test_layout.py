@@ -160,3 +160,24 @@ def test_closing_is_a_method_never_a_probe():
     probes = [f"{f.relative_to(ROOT)}:{i}" for f in ROOT.rglob("*.py")
               for i, line in enumerate(f.read_text().splitlines(), 1) if re.search(r"hasattr\([^)]*[\"']close[\"']", line)]
     assert probes == []
+
+
+def test_every_engine_is_built_by_the_factory():
+    """One construction site per engine: the callers hold an Engine that engine/factory.py built."""
+    sites = {f"{f.relative_to(ROOT)}" for f in ROOT.rglob("*.py")
+             if re.search(r"(?<![A-Za-z_])NativeEngine\(|VLLMEngine\.start\(|VLLMEngine\(", f.read_text())}
+    assert sites == {"engine/factory.py"}, sites
+
+
+def test_backend_names_are_declared_once():
+    from gymloop.backends import NAMES
+    from gymloop.config import TrainConfig
+    from gymloop.engine.factory import BUILDERS
+    from gymloop.serve.config import ServeConfig
+
+    assert tuple(BUILDERS) == NAMES
+    for cfg in (TrainConfig, ServeConfig):
+        assert set(cfg.model_json_schema()["properties"]["engine_backend"]["enum"]) == set(NAMES)
+    literal_lists = [f for f in ROOT.rglob("*.py") if re.search(r"\[\"auto\", \"llama\", \"hf\", \"vllm\"\]",
+                                                                f.read_text())]
+    assert literal_lists == []

@@ -6,7 +6,7 @@ import torch
 
 from gymloop.accounting.ledger import Ledger, Profile
 from gymloop.algorithms import PolicyLoss
-from gymloop.engine import Engine, SamplingParams
+from gymloop.engine import NativeEngine, SamplingParams
 from gymloop.models.parameters import count_parameters, moe_blocks
 from gymloop.models.routing import routers, routing
 from gymloop.trainer.logprobs import make_batch, token_logprobs
@@ -28,7 +28,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]          # uneven: left padd
 
 
 def _sample(model, tok, record=True, seed=0, n=6):
-    engine = Engine(model, tok.pad_token_id, record_routing=record)
+    engine = NativeEngine(model, tok.pad_token_id, record_routing=record)
     gens = engine.generate(PROMPTS, SamplingParams(max_new_tokens=n, seed=seed)).generations
     seqs = [p + g.token_ids for p, g in zip(PROMPTS, gens)]
     batch = make_batch(seqs, [[0] * len(p) + [1] * len(g.token_ids) for p, g in zip(PROMPTS, gens)],

@@ -24,13 +24,14 @@ def check_program(env, model: str, n: int = 4, seed: int = 0, temperature: float
     import torch
 
     from ..bases.registry import resolve_model
-    from ..engine import Engine, SamplingParams
+    from ..engine import SamplingParams
+    from ..engine.factory import EngineSpec, make_engine
     from ..models.checkpoint import load_model
     from ..rollout.episodes import collect
 
     torch.set_num_threads(1)
     weights, tok = load_model(resolve_model(model, progress=False))
-    engine = Engine(weights, tok.pad_token_id, decode=tok.decode)
+    engine = make_engine(EngineSpec(), weights, tok)
     tasks = env.sample_tasks(min(n, len([t for t in env.all_tasks() if t.split == "train"])), "train", seed)
     rollouts, _ = collect(engine, tok, env, tasks, 1, SamplingParams(max_new_tokens=max_new_tokens,
                                                                      temperature=temperature, seed=seed))

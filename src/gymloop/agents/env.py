@@ -33,7 +33,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.base import Message, PeerEnvironment, Score, Split, Task
-from .capture import merge
+from ..rollout.capture import merge
 from .programs import AsyncRunner, Outcome, ProgramError, Runner, command_runner, function_runner, load_function
 
 

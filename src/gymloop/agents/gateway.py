@@ -19,7 +19,7 @@ from ..engine import SamplingParams
 from ..models.chat import ChatTokenizer
 from ..serve.background import ServerThread
 from ..serve.batcher import Batcher
-from .capture import Call
+from ..rollout.capture import Call
 
 
 class Capture:

@@ -209,11 +209,11 @@ def _optim(cfg: NanoConfig) -> OptimSpec:
 
 def probe_score(model: torch.nn.Module, tok: ChatTokenizer, env, tasks: list, spec: ProbeSpec) -> float:
     """Greedy pass@1 of `model` on the probe tasks (the model is left in eval mode)."""
-    from ..engine import Engine
+    from ..engine.factory import EngineSpec, make_engine
     from ..rollout.evaluate import evaluate
 
     model.eval()
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode)
+    engine = make_engine(EngineSpec(), model, tok)
     return evaluate(engine, tok, env, tasks, max_new_tokens=spec.max_new_tokens, max_turns=spec.max_turns).pass1
 
 

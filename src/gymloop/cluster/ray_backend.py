@@ -20,13 +20,15 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
 from ..engine.device import to_gpu
 from ..config import ClusterConfig
-from ..engine import Engine, SamplingParams
+from ..engine import SamplingParams
+from ..engine.factory import EngineSpec, make_engine
 from ..envs.base import Environment, Task
 from ..rollout.episodes import RolloutStats, collect
 from ..rollout.sources import RolloutBatch, TaskSampler, refill_key
@@ -95,21 +97,17 @@ class RolloutWorker:
     """Body of a rollout actor: a copy of the model in an engine (gymloop's own, or a vLLM server
     the actor starts from `model_dir`, which its node must see), and the environment."""
 
-    def __init__(self, model_config, tok, env: Environment, backend: str = "auto", gpu: bool = False,
-                 dtype: str = "model", model_dir: str | None = None) -> None:
+    def __init__(self, model_config, tok, env: Environment, spec: EngineSpec, gpu: bool = False) -> None:
         torch.set_num_threads(1)
         self.tok, self.env = tok, env
-        if backend == "vllm":
-            from ..engine.vllm import VLLMEngine
+        model = None
+        if spec.backend != "vllm":          # vLLM loads its weights from the model directory itself
+            from transformers import AutoModelForCausalLM
 
-            self.engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, threads=1)
-            return
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
-        if gpu:
-            to_gpu(model, "cluster.worker_gpus")
-        self.engine = Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype)
+            model = AutoModelForCausalLM.from_config(model_config).eval().requires_grad_(False)
+            if gpu:
+                to_gpu(model, "cluster.worker_gpus")
+        self.engine = make_engine(replace(spec, threads=1), model, tok)
 
     def load(self, version: int, layout: list[Slot], *buckets) -> int:
         """Load a weight version; `buckets` arrive as read-only views of the object store."""
@@ -161,14 +159,12 @@ class RaySource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, cfg: ClusterConfig,
-                 backend: str = "auto", max_staleness: int = 0, dtype: str = "model",
-                 model_dir: str | None = None) -> None:
+                 engine: EngineSpec = EngineSpec(), max_staleness: int = 0) -> None:
         import ray
 
         self.cfg, self.tok, self.env, self.tasks = cfg, tok, env, tasks
         self.max_staleness = max_staleness
-        self.group, self.params, self.max_turns, self.backend = group, params, max_turns, backend
-        self.dtype, self.model_dir = dtype, None if model_dir is None else str(model_dir)
+        self.group, self.params, self.max_turns, self.spec = group, params, max_turns, engine
         self.model_config = model.config
         self.owns_ray = connect(cfg)
         self._actor = ray.remote(num_cpus=cfg.worker_cpus, num_gpus=cfg.worker_gpus, max_restarts=0)(RolloutWorker)
@@ -179,8 +175,7 @@ class RaySource:
         self._ahead: dict | None = None          # the next step, already queued (asynchronous mode)
 
     def _spawn(self):
-        return self._actor.remote(self.model_config, self.tok, self.env, self.backend, self.cfg.worker_gpus > 0,
-                                  self.dtype, self.model_dir)
+        return self._actor.remote(self.model_config, self.tok, self.env, self.spec, self.cfg.worker_gpus > 0)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The driver's weights for the workers (the trainer runs in the driver)."""

@@ -1,13 +1,17 @@
 """The generation engine: batched sampling on token ids, versioned weights.
 
-`Engine.generate(prompts, params)` takes token-id prompts and returns the sampled ids and
-their log-probs; `Engine.load_weights(weights, version)` swaps weights in place.
+`Engine` is the interface every caller holds: `generate(prompts, params)` takes token-id prompts
+and returns the sampled ids and their log-probs; `load_weights(weights, version)` makes a weight
+version current; `close()` releases what it holds. Two implementations: `NativeEngine` (gymloop's
+batched sampler, in process, over the model's own tensors) and `vllm.VLLMEngine` (a vLLM server
+in its own process). `factory.make_engine(spec, model, tok)` builds either, by backend name
+(gymloop/backends.py says what each can do); callers never ask which one they hold.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -48,7 +52,31 @@ def pick_backend(model: torch.nn.Module, name: str = "auto", dtype: str = "model
     return name, LlamaBackend(model, dtype=compute)
 
 
-class Engine:
+@runtime_checkable
+class Engine(Protocol):
+    """What generates rollouts and answers: token ids in, sampled ids and behaviour log-probs out;
+    versioned weight loads; close."""
+
+    version: int                       # the weight version answering now
+    backend_name: str                  # its name in backends.BACKENDS (the one resolved, for auto)
+
+    @property
+    def context(self) -> int | None:
+        """Positions the model can attend over, if it says."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 on_token: Callable[[int, int], None] | None = None) -> GenerationBatch:
+        """A completion for every prompt; `on_token(i, token_id)` streams prompt i's tokens."""
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> int:
+        """Make `weights` (state-dict names) version `version`; the bytes moved."""
+
+    def close(self) -> None:
+        """Release what it holds (a server it started)."""
+
+
+class NativeEngine:
     """Generates from token ids with any HF causal LM; loads new weights without a rebuild."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, *, backend: str = "auto",
@@ -154,5 +182,5 @@ class Engine:
             self.backend.refresh()
 
 
-__all__ = ["BACKENDS", "ENGINE_DTYPES", "Engine", "Generation", "GenerationBatch", "SamplingParams",
+__all__ = ["BACKENDS", "ENGINE_DTYPES", "Engine", "Generation", "GenerationBatch", "NativeEngine", "SamplingParams",
            "pick_backend", "sample_next"]

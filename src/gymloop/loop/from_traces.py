@@ -25,10 +25,10 @@ EXPORT = {"sft": ("sft", "supervised"), "dpo": ("dpo", "dpo")}       # round met
 
 def session_rows(store, fmt: str, tok) -> list[dict]:
     """An agent program's judged sessions as token rows, their calls merged into sequences
-    (agents/capture.py) with the exact ids the model sampled: sft, every sequence of a session
+    (rollout/capture.py) with the exact ids the model sampled: sft, every sequence of a session
     judged 1 ({"tokens": {ids, mask}}); dpo, per task, the first sequence of its best session
     against its worst's when their rewards differ ({"preferred_tokens", "non_preferred_tokens"})."""
-    from ..agents.capture import Call, merge
+    from ..rollout.capture import Call, merge
 
     def sequences(session: dict) -> list[dict]:
         segs = merge([Call(**c) for c in store.sessions.calls(session["id"])], tok)

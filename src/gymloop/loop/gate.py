@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from .config import GateConfig, GateRun
-from ..engine import Engine
+from ..engine.factory import EngineSpec, make_engine
 from ..envs import make_env
 from ..models.checkpoint import load_model
 from ..rollout.evaluate import evaluate
@@ -35,7 +35,7 @@ def close_envs(envs: list) -> None:
 def suite_scores(model_dir: str, suites: list, cfg: GateRun) -> dict[str, float]:
     """Greedy held-out pass@1 of a model on each suite environment, by environment name."""
     model, tok = load_model(model_dir)
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, dtype=cfg.engine_dtype)
+    engine = make_engine(EngineSpec(dtype=cfg.engine_dtype), model, tok)
     out = {}
     for env in suites:
         res = evaluate(engine, tok, env, env.sample_tasks(cfg.eval.tasks, "heldout", seed=cfg.seed),

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +29,7 @@ from ..bases.registry import resolve_model
 from ..engine.device import to_gpu
 from ..config import GRPOConfig, TrainConfig
 from ..engine import Engine, SamplingParams
+from ..engine.factory import EngineSpec, make_engine
 from ..envs import make_env
 from ..rollout.evaluate import EvalResult, evaluate
 from ..accounting.ledger import Ledger, load_profiles
@@ -60,8 +61,7 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
         from ..cluster.ray_backend import RaySource
 
         return RaySource(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                         cfg.cluster, backend=cfg.engine_backend, max_staleness=g.max_staleness,
-                         dtype=cfg.engine_dtype, model_dir=model_dir)
+                         cfg.cluster, engine=engine_spec(cfg, model_dir), max_staleness=g.max_staleness)
     if g.max_staleness == 0:
         return SyncSource(engine, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns)
     if cfg.engine_backend == "vllm":     # vLLM generates in its own process: the collector is a thread
@@ -69,8 +69,7 @@ def _rollout_source(cfg: TrainConfig, model, engine, tok, env, sampler, params_a
                            g.max_staleness, engine=engine)
     kind = ProcessSource if g.collector == "process" else AsyncSource
     return kind(model, tok, env, sampler, g.group_size, params_at, cfg.env.max_turns,
-                g.max_staleness, backend=cfg.engine_backend, record_routing=g.router_replay,
-                dtype=cfg.engine_dtype)
+                g.max_staleness, spec=engine_spec(cfg, model_dir).native())
 
 
 def policy_loss(g: GRPOConfig) -> PolicyLoss:
@@ -226,8 +225,8 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
     engine = _engine(cfg, model, tok, Path(model_path))
     owns_env = env is None
     try:
-        echo(f"engine: {engine.backend_name} backend" + (f" (native: {engine.native_unsupported})"
-                                                         if engine.native_unsupported else ""))
+        why = getattr(engine, "native_unsupported", None)      # the native engine says why it runs hf
+        echo(f"engine: {engine.backend_name} backend" + (f" (native: {why})" if why else ""))
         env = env if env is not None else make_env(cfg.env.name, **cfg.env.options)
         run = Run(cfg, Path(model_path), model, tok, env, engine, None, _heldout(env, cfg),
                   run_dir, ledger, profiles, phases, RunProgress(), echo, policy_loss(cfg.grpo),
@@ -254,26 +253,25 @@ def setup(cfg: TrainConfig, progress: bool, echo, env, task_source) -> Run:
         raise
 
 
+def engine_spec(cfg: TrainConfig, model_dir: Path | str | None) -> EngineSpec:
+    """The run's engine as its config says (the factory checks what the backend can do)."""
+    return EngineSpec(backend=cfg.engine_backend, dtype=cfg.engine_dtype, record_routing=cfg.grpo.router_replay,
+                      model_dir=None if model_dir is None else str(model_dir), url=cfg.vllm_url, seed=cfg.seed,
+                      vllm=cfg.vllm.model_dump(), shares_gpu=cfg.device == "cuda")
+
+
 def _engine(cfg: TrainConfig, model, tok, model_dir: Path):
     """The driver's engine: gymloop's own on the trainer's model (shared tensors), or vLLM in its
     own process, sent the trainer's weights after every step (a LoRA run's adapter). On Ray the
     rollout workers run the vLLM servers and the driver keeps gymloop's own engine."""
-    if cfg.engine_backend != "vllm" or cfg.cluster.backend == "ray":
-        backend = "auto" if cfg.engine_backend == "vllm" else cfg.engine_backend
-        return Engine(model, tok.pad_token_id, backend=backend, decode=tok.decode,
-                      record_routing=cfg.grpo.router_replay, dtype=cfg.engine_dtype)
-    from ..engine.vllm import VLLMEngine
     from ..models.lora import adapter_config
 
-    g = cfg.grpo
-    unsupported = [why for bad, why in (
-        (g.router_replay, "MoE router replay"),
-        (cfg.engine_dtype != "model", "engine_dtype other than model (vLLM's dtype is the model's)")) if bad]
-    if unsupported:
-        raise ValueError(f"engine_backend vllm does not run {unsupported[0]}")
-    engine = VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, seed=cfg.seed,
-                              lora=adapter_config(model) if g.lora is not None else None)
-    if g.lora is not None:           # the served adapter is the model's from the start (init_adapter too)
+    spec = engine_spec(cfg, model_dir)
+    if cfg.cluster.backend == "ray":
+        return make_engine(spec.native(), model, tok)
+    lora = adapter_config(model) if cfg.grpo.lora is not None and spec.backend == "vllm" else None
+    engine = make_engine(replace(spec, lora=lora), model, tok)
+    if lora is not None:             # the served adapter is the model's from the start (init_adapter too)
         engine.load_weights(model.state_dict(), version=0)
     return engine
 

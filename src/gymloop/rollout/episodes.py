@@ -21,7 +21,7 @@ from ..envs.base import Environment, Message, Score, Task
 
 @dataclass
 class Segment:
-    """One token sequence of an agent program's episode (agents/capture.py merges its calls into
+    """One token sequence of an agent program's episode (rollout/capture.py merges its calls into
     them): prompt_ids, then token_ids with mask (1 on sampled tokens) and logprobs (behaviour
     log-probs on sampled tokens, 0 elsewhere) aligned with it."""
 
@@ -58,7 +58,7 @@ class Rollout:
     # array: rollouts cross process boundaries (the collector process) by value, not shared memory
     routing: "np.ndarray | None" = None
     # an agent program's episode: its model calls, and the further token sequences it left (calls
-    # that continued no earlier one: agents/capture.py), trained with the episode's advantage
+    # that continued no earlier one: rollout/capture.py), trained with the episode's advantage
     calls: int = 0
     segments: list[Segment] = field(default_factory=list)
 

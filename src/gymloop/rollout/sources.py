@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ..engine import Engine, SamplingParams
+from ..engine.factory import EngineSpec, make_engine
 from ..sync.shared import SharedWeights
 from ..envs.base import Environment, Task
 from .episodes import Rollout, RolloutStats, collect
@@ -144,14 +145,12 @@ class AsyncSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False,
-                 dtype: str = "model", engine=None) -> None:
+                 spec: EngineSpec = EngineSpec(), timeout_s: float = 600.0, engine=None) -> None:
+        """spec: the collector's own engine over a copy of the model (unless `engine` is given)."""
         if max_staleness < 1:
             raise ValueError("AsyncSource needs max_staleness >= 1 (0 is the synchronous mode)")
         if engine is None:
-            gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-            engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
-                            record_routing=record_routing)
+            engine = make_engine(spec, copy.deepcopy(model).eval().requires_grad_(False), tok)
         self.engine = engine
         self._engine_lock = threading.Lock()
         self.tok, self.env, self.tasks, self.group = tok, env, tasks, group
@@ -219,8 +218,7 @@ class ProcessSource:
 
     def __init__(self, model: torch.nn.Module, tok, env: Environment, tasks: TaskSampler, group: int,
                  params: Callable[[int], SamplingParams], max_turns: int, max_staleness: int,
-                 backend: str = "auto", timeout_s: float = 600.0, record_routing: bool = False,
-                 dtype: str = "model") -> None:
+                 spec: EngineSpec = EngineSpec(), timeout_s: float = 600.0) -> None:
         import multiprocessing as mp
 
         if max_staleness < 1:
@@ -230,9 +228,7 @@ class ProcessSource:
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
         self.version = 0
         self.weights = SharedWeights(model, ctx)
-        gen_model = copy.deepcopy(model).eval().requires_grad_(False)
-        engine = Engine(gen_model, tok.pad_token_id, backend=backend, decode=tok.decode, dtype=dtype,
-                             record_routing=record_routing)
+        engine = make_engine(spec, copy.deepcopy(model).eval().requires_grad_(False), tok)
         self._queue = ctx.Queue(maxsize=max_staleness)
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_collector_main, name="rollout-collector", daemon=True,

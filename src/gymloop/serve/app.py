@@ -60,10 +60,11 @@ def create_app(cfg: ServeConfig, store: Store, batcher: Batcher, tok: ChatTokeni
 
 def _load_for_serving(path: str, cfg: ServeConfig) -> tuple[Batcher, ChatTokenizer, int]:
     """A fine-tuned model's own engine and batcher (it may have another tokenizer than the base)."""
-    from ..engine import Engine
+    from ..engine.factory import EngineSpec, make_engine
     from ..models.checkpoint import load_model
 
     model, tok = load_model(path)
-    engine = Engine(model, tok.pad_token_id, decode=tok.decode, version=0, dtype=cfg.engine_dtype)
+    # gymloop's own engine: a fine-tuned model served on demand is loaded in process
+    engine = make_engine(EngineSpec(dtype=cfg.engine_dtype), model, tok)
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     return Batcher(engine, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_ms / 1000), tok, size

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import EngineDtype
+from ..backends import check_backend
+from ..config import EngineBackend, EngineDtype, VLLMSettings
 
 
 class ServeConfig(BaseModel):
@@ -30,8 +31,8 @@ class ServeConfig(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most requests in one engine batch.")
     engine_dtype: EngineDtype = Field(
         "model", description="The dtype generation computes in (engine.ENGINE_DTYPES): model (the parameters' own) "
-        "or bfloat16 (cast copies, remade at each promotion; 2-3x faster prefill on CPUs with AMX).")
-    engine_backend: Literal["auto", "llama", "hf", "vllm"] = Field(
+        "or bfloat16 (cast copies, remade at each promotion; 2-3x faster prefill on CPUs with AMX; vLLM: its --dtype).")
+    engine_backend: EngineBackend = Field(
         "auto", description="What generates the served model's answers: gymloop's engine (auto, llama, hf) or vllm "
         "(a vLLM server in its own process and venv, `make vllm`, started with the server and again if it dies; a "
         "promotion is a weight load into it). Fine-tuned models served on demand run on gymloop's engine.")
@@ -54,10 +55,11 @@ class ServeConfig(BaseModel):
     max_loaded_mb: int = Field(2048, ge=1, description="Memory budget of fine-tuned models served on demand "
                                "(least recently used ones are unloaded).")
 
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="engine_backend vllm: how it is started.")
+
     @model_validator(mode="after")
-    def _vllm_dtype(self) -> "ServeConfig":
-        if self.engine_backend == "vllm" and self.engine_dtype != "model":
-            raise ValueError("engine_dtype applies to gymloop's engine; vLLM computes in the model's dtype")
+    def _backend_can(self) -> "ServeConfig":
+        check_backend(self.engine_backend, dtype=self.engine_dtype)
         return self
 
     def default_jobs_dir(self) -> Path:

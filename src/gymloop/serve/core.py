@@ -125,7 +125,7 @@ def session_of(request, p: Prepared) -> Prepared:
 
 
 def captured_calls(p: Prepared, gens: list, version: int) -> list[dict]:
-    """Each choice as a captured call (agents/capture.py's Call fields): the conversation it
+    """Each choice as a captured call (rollout/capture.py's Call fields): the conversation it
     answered, its exact prompt ids, sampled ids and behaviour log-probs, and the reply the caller
     got. Only for an agent program's episode or a production session."""
     if p.caller.episode is None and p.session is None:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from ..accounting.ledger import load_profiles
 from ..accounting.rows import ServingLedger
 from ..bases.registry import resolve_model
-from ..engine import Engine
+from ..engine.factory import EngineSpec, make_engine
 from ..finetune.worker import JobWorker
 from ..models.checkpoint import load_model
 from ..models.parameters import count_parameters
@@ -57,12 +57,8 @@ def build(cfg: ServeConfig):
 
 def serving_engine(cfg: ServeConfig, model, tok, model_dir: Path):
     """The served model's engine: gymloop's own on the loaded model, or a vLLM server."""
-    if cfg.engine_backend != "vllm":
-        return Engine(model, tok.pad_token_id, backend=cfg.engine_backend, decode=tok.decode, version=0,
-                      dtype=cfg.engine_dtype)
-    from ..engine.vllm import VLLMEngine
-
-    return VLLMEngine.start(model_dir, tok.pad_token_id, decode=tok.decode, url=cfg.vllm_url, threads=cfg.threads)
+    return make_engine(EngineSpec(backend=cfg.engine_backend, dtype=cfg.engine_dtype, model_dir=str(model_dir),
+                                  url=cfg.vllm_url, threads=cfg.threads, vllm=cfg.vllm.model_dump()), model, tok)
 
 
 def shutdown(app) -> None:

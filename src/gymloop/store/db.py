@@ -99,7 +99,7 @@ MIGRATIONS: list[str] = [
         in_flight INTEGER NOT NULL, answered INTEGER NOT NULL);
     """,
     # an agent program's production sessions: the task it named, every call's exact tokens (a
-    # capture of agents/capture.py's Call, as JSON), and the verdicts on the whole session
+    # capture of rollout/capture.py's Call, as JSON), and the verdicts on the whole session
     """
     CREATE TABLE sessions (
         id TEXT PRIMARY KEY, created REAL NOT NULL, key_id TEXT, task TEXT NOT NULL);

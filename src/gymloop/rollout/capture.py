@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..models.chat import ChatTokenizer
-from ..rollout.episodes import Segment
+from .episodes import Segment
 
 
 @dataclass
