@@ -12,7 +12,7 @@ INSTALL := $(PIP) install -c $(LOCK)
 # Steady CPU timings: OpenMP threads sleep instead of spinning (spinning threads made 2-core timings swing).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo loop agent test test-fast test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv \
+.PHONY: demo loop agent test test-fast lint test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv \
 	openenv openenv-lock nemo-gym nemo-gym-lock verifiers verifiers-lock
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
@@ -108,12 +108,16 @@ $(ENV_RUNTIMES): %: .venv-%/.ok
 $(ENV_RUNTIMES:%=%-lock): %-lock: $(VENV)/.core
 	$(PY) -m gymloop.runtimes lock $*
 
-test: $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
+test: lint $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
 	$(PY) -m pytest -q tests
 
 # Fast unit tests with tiny models (under 2 minutes).
-test-fast: $(VENV)/.dev
+test-fast: lint
 	$(PY) -m pytest -q tests/unit
+
+# ruff over the library (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, bugbear).
+lint: $(VENV)/.dev
+	$(PY) -m ruff check src
 
 # The real thing: servers, clients, the sandbox, the store on PostgreSQL, subprocesses.
 test-integration: $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)

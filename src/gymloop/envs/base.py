@@ -164,7 +164,7 @@ class Environment(ABC):
         for an environment that `runs_episodes`."""
         raise NotImplementedError(f"environment {self.name!r} does not run its own episodes")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook with nothing to release by default, not abstract
         """Release what the environment holds (a peer's process, a sandbox pool, an endpoint)."""
 
 

@@ -20,7 +20,7 @@ Nothing the model produced is ever re-tokenized.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..models.chat import ChatTokenizer

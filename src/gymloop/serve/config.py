@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

@@ -145,7 +145,7 @@ def remove_branch(src: Source, node: ast.AST) -> Iterator[tuple[Edit, str]]:
     for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
         if not isinstance(body, list):
             continue
-        for i, stmt in enumerate(body):
+        for stmt in body:
             if isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break)):
                 a = src.starts[stmt.lineno - 1]
                 b = src.starts[stmt.end_lineno]

@@ -62,7 +62,7 @@ def read_tree(repo: Path, commit: str) -> Tree:
             entries.append((path.decode(), sha.decode()))
     out = git(repo, "cat-file", "--batch", input="".join(f"{sha}\n" for _, sha in entries).encode())
     tree, pos = {}, 0
-    for path, sha in entries:
+    for path, _sha in entries:
         header_end = out.index(b"\n", pos)
         size = int(out[pos:header_end].split()[2])
         tree[path] = out[header_end + 1:header_end + 1 + size]
