@@ -64,30 +64,41 @@ def hf_generate(model, prompts, params: SamplingParams, pad: int) -> int:
     return n
 
 
-def workload(name: str, kind: str, batch: int, tok) -> tuple[list[list[int]], SamplingParams]:
+def workload(name: str, kind: str, batch: int, tok, draw: int = 0) -> tuple[list[list[int]], SamplingParams]:
+    """A batch of prompts, new for every `draw` (a timed run never sees prompts an engine has
+    cached), and the sampling."""
     _, _, env_name, rl_tokens = MODELS[name]
     if kind == "fixed":
-        g = torch.Generator().manual_seed(batch)
+        g = torch.Generator().manual_seed(batch * 1000 + draw)
         prompts = [torch.randint(7, tok.vocab_size, (32,), generator=g).tolist() for _ in range(batch)]
         return prompts, SamplingParams(max_new_tokens=64, temperature=1.0)
     env = make_env(env_name)
-    tasks = env.sample_tasks(batch, "train", seed=batch)
+    tasks = env.sample_tasks(batch, "train", seed=batch * 1000 + draw)
     prompts = [tok.prompt_ids(list(t.prompt), tools=env.tools(t)) for t in tasks]
     return prompts, SamplingParams(max_new_tokens=rl_tokens, temperature=1.0, stop_token_ids=tok.eos_token_ids)
 
 
-def rotating_medians(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each function, after one warm-up each, the order rotated every run."""
+def timed_draws(fns: dict, draws: list, repeats: int, before: dict | None = None) -> tuple[dict, dict]:
+    """Each engine on the same `draws` (prompts, params), a new draw per run, the engines' order
+    rotated run to run; draw 0 is the warm-up. Cold: `before[name]()` first (vLLM's prefix cache
+    reset), then the draw; warm: the same draw again at once (what a prefix cache that kept it is
+    worth). Returns ({name: [cold seconds]}, {name: [warm seconds]}), warm-up left out."""
     names = list(fns)
-    for n in names:
-        fns[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(repeats):
+    cold: dict[str, list[float]] = {n: [] for n in names}
+    warm: dict[str, list[float]] = {n: [] for n in names}
+    for i, (prompts, params) in enumerate(draws[:repeats + 1]):
         for n in names[i % len(names):] + names[:i % len(names)]:
+            if before and n in before:
+                before[n]()
             t0 = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
+            fns[n](prompts, params, "cold")
+            t1 = time.perf_counter()
+            fns[n](prompts, params, "warm")
+            t2 = time.perf_counter()
+            if i:
+                cold[n].append(t1 - t0)
+                warm[n].append(t2 - t1)
+    return cold, warm
 
 
 def generation(name: str, repeats: int) -> tuple[list[dict], dict]:
@@ -108,22 +119,28 @@ def generation(name: str, repeats: int) -> tuple[list[dict], dict]:
     try:
         for kind in ("fixed", "rl"):
             for batch in BATCHES:
-                prompts, params = workload(name, kind, batch, tok)
-                counts: dict[str, list[int]] = {"native": [], "vllm": [], "generate": []}
-                fns = {
-                    "native": lambda: counts["native"].append(native.generate(prompts, params).generated_tokens),
-                    "vllm": lambda: counts["vllm"].append(vllm.generate(prompts, params).generated_tokens),
-                    "generate": lambda: counts["generate"].append(hf_generate(hf_model, prompts, params,
-                                                                              tok.pad_token_id)),
-                }
-                secs = rotating_medians(fns, repeats)
-                rate = {k: statistics.median(counts[k][1:]) / secs[k] for k in fns}
+                draws = [workload(name, kind, batch, tok, d) for d in range(repeats + 1)]
+                counts: dict[tuple[str, str], list[int]] = {}
+
+                def run(engine: str, fn):
+                    return lambda prompts, params, temp: counts.setdefault((engine, temp), []).append(fn(prompts, params))
+
+                fns = {"native": run("native", lambda p, s: native.generate(p, s).generated_tokens),
+                       "vllm": run("vllm", lambda p, s: vllm.generate(p, s).generated_tokens),
+                       "generate": run("generate", lambda p, s: hf_generate(hf_model, p, s, tok.pad_token_id))}
+                cold, warm = timed_draws(fns, draws, repeats, before={"vllm": vllm.reset_prefix_cache})
+                # tokens / seconds over the timed runs (they sample different lengths run to run)
+                rate = {k: sum(counts[(k, "cold")][1:]) / sum(cold[k]) for k in fns}
+                warm_rate = {k: sum(counts[(k, "warm")][1:]) / sum(warm[k]) for k in fns}
                 row = {"model": name, "workload": kind, "batch": batch,
                        **{f"{k}_tok_s": rate[k] for k in fns},
-                       **{f"{k}_tokens": statistics.median(counts[k][1:]) for k in fns},
-                       "vllm_over_native": rate["vllm"] / rate["native"]}
+                       **{f"{k}_warm_tok_s": warm_rate[k] for k in fns},
+                       **{f"{k}_tokens": statistics.median(counts[(k, "cold")][1:]) for k in fns},
+                       "vllm_over_native": rate["vllm"] / rate["native"],
+                       "vllm_over_native_warm": warm_rate["vllm"] / warm_rate["native"]}
                 rows.append(row)
-                print(f"{name} {kind} batch {batch}: " + ", ".join(f"{k} {rate[k]:,.0f} tok/s" for k in fns),
+                print(f"{name} {kind} batch {batch}: " + ", ".join(f"{k} {rate[k]:,.0f} tok/s" for k in fns)
+                      + f"; same prompts again: native {warm_rate['native']:,.0f}, vLLM {warm_rate['vllm']:,.0f}",
                       flush=True)
     finally:
         vllm.close()
@@ -175,13 +192,17 @@ def main() -> None:
     for name in filter(None, args.models.split(",")):
         got, startups[name] = generation(name, args.repeats)
         rows += got
-    table = [["model", "workload", "batch", "native tok/s", "vLLM tok/s", "generate tok/s", "vLLM / native"]]
+    table = [["model", "workload", "batch", "native tok/s", "vLLM tok/s", "generate tok/s", "vLLM / native",
+              "warm cache: native", "warm cache: vLLM", "vLLM / native, warm"]]
     for r in rows:
+        warm = [f"{r['native_warm_tok_s']:,.0f}", f"{r['vllm_warm_tok_s']:,.0f}", f"{r['vllm_over_native_warm']:.2f}x"] \
+            if "vllm_warm_tok_s" in r else ["", "", ""]
         table.append([r["model"], r["workload"], r["batch"], f"{r['native_tok_s']:,.0f}", f"{r['vllm_tok_s']:,.0f}",
-                      f"{r['generate_tok_s']:,.0f}", f"{r['vllm_over_native']:.2f}x"])
+                      f"{r['generate_tok_s']:,.0f}", f"{r['vllm_over_native']:.2f}x", *warm])
     cpu = common.cpu()
-    title = (f"Generation tokens/s, one thread each on one core ({cpu.get('model', '?')}), sampling at T=1, median "
-             f"of {args.repeats} after a warm-up, the engines' order rotated")
+    title = (f"Generation tokens/s, one thread each on one core ({cpu.get('model', '?')}), sampling at T=1, "
+             f"{args.repeats} timed runs after a warm-up, each on prompts new to every engine (vLLM's prefix cache "
+             f"reset before each), the engines' order rotated; warm cache: the same prompts again at once")
     if earlier:
         title += f"; from the run at commit {earlier['meta'].get('commit', '?')} ({args.generation_from.rsplit('/', 1)[-1]})"
     print(common.table(table, title=title))

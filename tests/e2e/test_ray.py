@@ -276,6 +276,7 @@ def vllm_servers(model_dir) -> list:
 
     return [p for p in psutil.process_iter(["cmdline"])
             if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and
+            "watchdog.py" not in " ".join(p.info["cmdline"] or []) and
             str(model_dir) in " ".join(p.info["cmdline"] or [])]
 
 
@@ -302,7 +303,7 @@ FIXTURES = str(Path(__file__).parents[1] / "fixtures")
 
 def bridges() -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
-    return [ln for ln in out if "verifiers_bridge.py" in ln and not ln.split()[1].startswith("Z")]
+    return [ln for ln in out if "verifiers_bridge.py" in ln and "watchdog.py" not in ln and not ln.split()[1].startswith("Z")]
 
 
 def test_rollout_workers_run_a_peer_environment_each_with_its_own_bridge(tmp_path, tiny_model_dir, local_ray):

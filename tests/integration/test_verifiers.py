@@ -195,7 +195,8 @@ def test_a_loop_trains_and_gates_on_it_with_one_bridge_for_all_its_rounds(tmp_pa
 
     def bridges() -> int:
         out = subprocess.run(["ps", "-ww", "-eo", "stat,args"], capture_output=True, text=True).stdout.splitlines()
-        return sum("verifiers_bridge.py vf-lookup" in ln and not ln.startswith("Z") for ln in out)
+        return sum("verifiers_bridge.py vf-lookup" in ln and "watchdog.py" not in ln and not ln.startswith("Z")
+                   for ln in out)
 
     before, seen = bridges(), []
     cfg = digit_loop_cfg(tmp_path, tiny_model_dir, {"steps": 2, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3},

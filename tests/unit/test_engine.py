@@ -310,3 +310,15 @@ def test_lora_the_native_path_cannot_compute_runs_in_the_models_forward(tok, opt
     assert why in supports(model)
     eng = NativeEngine(model, tok.pad_token_id)
     assert eng.backend_name == "hf" and why in eng.native_unsupported
+
+
+def test_vllm_is_started_with_its_devices_preset_then_the_users_flags():
+    from pathlib import Path
+
+    from gymloop.engine.vllm import ServerSpec, server_command
+
+    cpu = server_command(Path("py"), ServerSpec("m", "bfloat16", 512, device="cpu", args=("--max-num-seqs", "8")), 1)
+    assert "--enforce-eager" in cpu and "--no-enable-chunked-prefill" in cpu
+    assert cpu[cpu.index("--dtype") + 1] == "bfloat16" and cpu[-2:] == ["--max-num-seqs", "8"]
+    gpu = server_command(Path("py"), ServerSpec("m", gpu_memory=0.45, device="cuda"), 1)
+    assert "--enforce-eager" not in gpu and gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.45"

@@ -490,7 +490,7 @@ class VLLMEngine:
 
     def _send_weights(self, path: Path) -> None:
         self.server.post("/collective_rpc", {"method": "gymloop_load_weights", "kwargs": {"path": str(path)}})
-        self.server.post("/reset_prefix_cache", {})
+        self.reset_prefix_cache()
 
     def _publish_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> int:
         """A LoRA version: the adapter in peft's format, loaded as a vLLM adapter named after the
@@ -518,6 +518,10 @@ class VLLMEngine:
         self.model_name = name
         if old != "gymloop":
             self.server.post("/v1/unload_lora_adapter", {"lora_name": old})
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (a weight load does it; a fair benchmark does it too)."""
         self.server.post("/reset_prefix_cache", {})
 
     def close(self) -> None:
