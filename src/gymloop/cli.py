@@ -688,11 +688,11 @@ def _environment_commands(sub) -> None:
     va.add_argument("--options", default="{}", help="JSON object of environment options")
     va.add_argument("--model", default="nano", help="agent: the model the program's calls go to")
     va.set_defaults(fn=cmd_envs)
-    ins = evs.add_parser("install", help="build an ecosystem's runtime (its own venv, from its lock) for its "
-                         "environments; prints its python")
-    from .runtimes import ENVIRONMENT_RUNTIMES
+    ins = evs.add_parser("install", help="build a runtime (its own venv, from its lock): vllm, or an ecosystem's "
+                         "for its environments; prints its python")
+    from .runtimes import RUNTIMES
 
-    ins.add_argument("runtime", choices=ENVIRONMENT_RUNTIMES)
+    ins.add_argument("runtime", choices=list(RUNTIMES))
     ins.add_argument("--with", dest="with_", action="append", help="also install this package or path (your "
                      "environment) into it, constrained by the lock (repeatable)")
     ins.set_defaults(fn=cmd_envs)

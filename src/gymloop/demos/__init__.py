@@ -1,9 +1,10 @@
-"""The demo's chapters, each a YAML config in the checkout's configs/ and a function that runs it:
+"""The demo's chapters, each a YAML config shipped with the package (demos/configs/, which the
+checkout's configs/demo-*.yaml link to) and a function that runs it:
 
-    learn  configs/demo-learn.yaml  learn.run_demo       GRPO on arithmetic, served, before/after
-    loop   configs/demo-loop.yaml   loop.run_loop_demo   the continuous loop through a tool-API change
-    agent  configs/demo-agent.yaml  loop.run_loop_demo   the same loop with SmolLM2 and tools in the request
-    program configs/demo-program.yaml program.run_program_demo  the loop on an agent program, from session feedback
+    learn    demo-learn.yaml    learn.run_demo            GRPO on arithmetic, served, before/after
+    loop     demo-loop.yaml     loop.run_loop_demo        the continuous loop through a tool-API change
+    agent    demo-agent.yaml    loop.run_loop_demo        the same loop with SmolLM2 and tools in the request
+    program  demo-program.yaml  program.run_program_demo  the loop on an agent program, from session feedback
 
 `traffic.py` is the simulated production both send through the official `openai` client."""
 from __future__ import annotations
@@ -11,17 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# src/gymloop/demos -> the checkout's configs/
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+# package data: `gymloop demo` works from a wheel, in any directory
+CONFIGS = Path(__file__).resolve().parent / "configs"
 CHAPTERS = {"learn": "demo-learn.yaml", "loop": "demo-loop.yaml", "agent": "demo-agent.yaml",
             "program": "demo-program.yaml"}
-# the checkout the chapters' configs name files of (examples/, configs/data/)
-CHECKOUT = CONFIGS.parent
+# the program chapter runs examples/agents/ of a checkout: this one's, when gymloop runs from one
+CHECKOUT = Path(__file__).resolve().parents[3]
 NANO_PRESETS = ("nano", "nano-tools", "nano-moe")
 
 
 def chapter_config(chapter: str, path: str | Path | None = None, overrides: dict | None = None) -> Any:
-    """A chapter's config, validated: `path`, or configs/demo-<chapter>.yaml of the checkout."""
+    """A chapter's config, validated: `path`, or the package's demo-<chapter>.yaml."""
     from ..config import ConfigError, TrainConfig, load_config
     from .loop import LoopDemoConfig
     from .program import ProgramDemoConfig
@@ -29,7 +30,7 @@ def chapter_config(chapter: str, path: str | Path | None = None, overrides: dict
     if path is None:
         path = CONFIGS / CHAPTERS[chapter]
         if not path.exists():
-            raise ConfigError(f"{path} not found: run the demo from a gymloop checkout, or pass --config FILE")
+            raise ConfigError(f"{path} not found: a gymloop installed without its package data? pass --config FILE")
     kind = {"learn": TrainConfig, "program": ProgramDemoConfig}.get(chapter, LoopDemoConfig)
     return load_config(path, overrides, kind)
 

@@ -111,6 +111,9 @@ def run_program_demo(cfg: ProgramDemoConfig, run_dir: str | Path = "runs", progr
     key = "sk-story-" + secrets.token_hex(8)
     echo(f"story directory: {out}")
     root = root.resolve()
+    if not (root / cfg.path).is_dir():
+        raise FileNotFoundError(f"the program chapter runs {cfg.path}/ of a gymloop checkout; {root / cfg.path} "
+                                "is not there (run it from a checkout)")
     passes = ([(cfg.harness_before, True)] * cfg.rounds_before or [(cfg.harness_before, False)]) + \
         [(cfg.harness_after, True)] * cfg.rounds_after + [(cfg.harness_after, False)]
     rows: list[dict] = []

@@ -2,7 +2,7 @@
 log-probs out; versioned weight loads) over a vLLM server in its own process and venv.
 
 vLLM pins its own torch and transformers, so it cannot share gymloop's venv: `make vllm` builds
-`.venv-vllm` from `runtimes/vllm/requirements.lock` (or set GYMLOOP_VLLM_PYTHON to another
+`.venv-vllm` from its lock, `gymloop/locks/vllm.txt` (or set GYMLOOP_VLLM_PYTHON to another
 runtime's python). gymloop starts `vllm.entrypoints.openai.api_server` there on loopback, or
 talks to one at a URL, and never re-tokenizes: prompts go in as token ids, completions come back
 as vLLM's `token_ids` with each sampled token's log-prob (after temperature, as gymloop's own
