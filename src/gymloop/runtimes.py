@@ -260,6 +260,7 @@ def install(name: str, extra: list[str] = (), say=print) -> Path:
             subprocess.run(pip + _first(rt), check=True)
         subprocess.run(pip + ["--no-deps", "-r", str(lock)], check=True)
         (venv / ".ok").write_text(stamp)
+    (venv / ".ok").touch()          # up to date: newer than its lock, for make
     if extra:
         say(f"adding {', '.join(extra)} to {name}'s runtime")
         subprocess.run(pip + ["-c", str(lock), *extra], check=True)
