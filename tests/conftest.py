@@ -17,7 +17,8 @@ import gymloop.envs
 from gymloop.models.chat import ChatTokenizer, build_char_tokenizer
 from gymloop.envs import Score, Task
 from gymloop.envs.base import Environment
-from gymloop.serve.background import ServerThread, free_port  # noqa: F401  (tests import free_port from here)
+from gymloop.net import free_port  # noqa: F401  (tests import free_port from here)
+from gymloop.serve.background import ServerThread
 
 torch.set_num_threads(1)
 

@@ -55,7 +55,7 @@ def _cfg(tmp_path, tiny_model_dir, grpo: dict | None = None, **cluster) -> Train
 
 def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path, tiny_model_dir, monkeypatch):
     from gymloop.cluster.ray_backend import ClusterError
-    from gymloop.serve.background import free_port
+    from gymloop.net import free_port
     from gymloop.orchestrator.train import train
 
     use_env(monkeypatch, "digit", lambda **kw: DigitEnv())

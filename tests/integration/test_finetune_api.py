@@ -465,7 +465,7 @@ def _resumed_once_and_counted_once(client, job_id: str, file_id: str, db, killed
 def test_kill_9_during_a_job_loses_nothing_and_counts_it_once(tmp_path, tiny_model_dir):
     """The serving process is killed (SIGKILL) mid-job; a restarted server's worker resumes the
     job from its newest checkpoint, the job succeeds, and the ledger holds its cost once."""
-    from gymloop.serve.background import free_port
+    from gymloop.net import free_port
 
     db, port = tmp_path / "store.db", free_port()
     args = ["serve", "--model", str(tiny_model_dir), "--model-name", "tiny", "--db", str(db), "--api-key", KEY,
@@ -491,7 +491,7 @@ def test_worker_processes_run_the_queue_and_take_over_a_killed_ones_job(tmp_path
     On SQLite and on PostgreSQL (conftest's store_target)."""
     import socket
 
-    from gymloop.serve.background import free_port
+    from gymloop.net import free_port
     from gymloop.store import Store
 
     db, port = store_target, free_port()

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import gymloop
 
 ROOT = Path(gymloop.__file__).parent
@@ -181,3 +183,18 @@ def test_backend_names_are_declared_once():
     literal_lists = [f for f in ROOT.rglob("*.py") if re.search(r"\[\"auto\", \"llama\", \"hf\", \"vllm\"\]",
                                                                 f.read_text())]
     assert literal_lists == []
+
+
+# Scripts another runtime's python runs (a peer's venv, vLLM's): they must import nothing of gymloop.
+PEER_SIDE = ["bridge_runner.py", "watchdog.py", "envs/nemo_gym_server.py", "envs/openenv_bridge.py",
+             "envs/verifiers_bridge.py", "engine/vllm_worker.py"]
+
+
+@pytest.mark.parametrize("script", PEER_SIDE)
+def test_peer_side_scripts_import_nothing_of_gymloop(script):
+    tree = ast.parse((ROOT / script).read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    ours = [ast.unparse(n) for n in imports if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith(
+        "gymloop"))] + [ast.unparse(n) for n in imports if isinstance(n, ast.Import)
+                        and any(a.name.startswith("gymloop") for a in n.names)]
+    assert ours == [], f"{script} runs in another runtime, where gymloop is not installed: {ours}"

@@ -38,6 +38,7 @@ import httpx
 import torch
 
 from .. import watchdog
+from ..net import free_port
 from .sampling import Generation, GenerationBatch, SamplingParams
 
 PYTHON_ENV = "GYMLOOP_VLLM_PYTHON"           # gymloop.runtimes.env_var("vllm")
@@ -59,14 +60,6 @@ def runtime_python() -> Path:
         return python("vllm")
     except RuntimeMissing as exc:
         raise VLLMError(str(exc)) from None
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # the adapter ranks vLLM can be started for (vllm.config.lora.MaxLoRARanks)

@@ -11,13 +11,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from ..net import free_ports
 from ..store.embedded import start_postgres, stop_postgres
 from .config import FleetConfig
 
@@ -153,7 +153,7 @@ def start_head(state_dir: Path, cpus: int, token_path: Path) -> tuple[str, int]:
     ray_bin = str(ray) if ray.exists() else shutil.which("ray")
     if ray_bin is None:
         raise RuntimeError("the `ray` command is not installed: pip install 'gymloop[fleet]'")
-    port, client, agent = _free_ports(3)
+    port, client, agent = free_ports(3)
     log = open(state_dir / "ray-head.log", "ab")
     # a small object store, since replicas exchange HTTP requests, not tensors
     proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}",
@@ -278,17 +278,6 @@ def _serve_status(state: dict) -> dict | None:
         return {"status": str(getattr(app.status, "value", app.status)), "replica_states": states}
     except Exception:  # noqa: BLE001 - the store's view stands on its own
         return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _save(state_dir: Path, state: dict) -> None:

@@ -1,7 +1,6 @@
 """Serve an app with uvicorn in a background thread on loopback (the demo's production, tests)."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import urllib.error
@@ -9,11 +8,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..net import free_port
 
 
 class ServerThread:
