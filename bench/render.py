@@ -14,8 +14,8 @@ Nothing between the markers is typed by hand: edit the prose around them, re-run
 change a figure. tests/unit/test_bench_results.py runs --check.
 
 Lists that the code holds are rendered the same way, between `<!-- code: NAME -->` and
-`<!-- /code -->` (CODE_TABLES: the built-in environments, the agent environment's options), so
-a doc never drifts from the registry or a config's fields.
+`<!-- /code -->` (CODE_TABLES: the built-in environments, the agent environment's options, the
+benches' index from their BENCH declarations), so a doc never drifts from the code's own list.
 """
 from __future__ import annotations
 
@@ -50,7 +50,24 @@ def agent_options_table() -> list[list[str]]:
     return [["option", "what it is"]] + [[f"`{name}`", f.description or ""] for name, f in AgentConfig.model_fields.items()]
 
 
-CODE_TABLES = {"environments": environments_table, "agent-options": agent_options_table}
+GROUPS = ("engines", "training", "learning", "serving", "sandbox")       # the index's order
+
+
+def benches_table() -> list[list[str]]:
+    """Every bench, by group, and what it measures: its own BENCH declaration (bench/run_all.py)."""
+    from bench.run_all import declared
+
+    found = declared()
+    rows = [["bench (`python -m bench.GROUP.NAME`)", "measures"]]
+    for group in GROUPS + tuple(sorted({m.split(".")[1] for m in found} - set(GROUPS))):
+        mine = sorted(m for m in found if m.split(".")[1] == group)
+        if mine:
+            rows.append([f"**{group}**", ""])
+            rows += [[f"`{m.removeprefix('bench.')}`", found[m]["measures"]] for m in mine]
+    return rows
+
+
+CODE_TABLES = {"environments": environments_table, "agent-options": agent_options_table, "benches": benches_table}
 
 
 def render_code(text: str) -> str:

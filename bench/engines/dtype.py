@@ -12,7 +12,9 @@ changed answers shows here).
 """
 from __future__ import annotations
 
-BENCH = {"results": "engines/dtype", "minutes": 10, "measures": "float32 vs bfloat16 generation on SmolLM2 (smollm2-calls)"}   # found by bench/run_all.py
+BENCH = {"results": "engines/dtype", "minutes": 10,
+         "measures": ("generation in the model's dtype (float32) vs bfloat16 (`engine_dtype`) on SmolLM2: a greedy "
+                      "held-out evaluation and a server's answers to 16 concurrent clients, seconds and score of each")}   # found by bench/run_all.py
 
 import argparse
 import tempfile

@@ -5,7 +5,8 @@ nano-tools model, every live episode's next turn batched through the engine.
 """
 from __future__ import annotations
 
-BENCH = {"results": "engines/episodes", "minutes": 3, "measures": "1,000 concurrent multi-turn episodes in one process"}   # found by bench/run_all.py
+BENCH = {"results": "engines/episodes", "minutes": 3,
+         "measures": ("1,000 concurrent tools episodes in one process: episodes/s, peak memory")}   # found by bench/run_all.py
 
 import argparse
 import resource

@@ -13,7 +13,10 @@ the GRPO trainer's step on 32 prompts x 8 rollouts, its nn.Linear layers routed
 """
 from __future__ import annotations
 
-BENCH = {"results": "engines/gemm", "minutes": 5, "measures": "float32 products: MKL vs oneDNN, and the steps they make"}   # found by bench/run_all.py
+BENCH = {"results": "engines/gemm", "minutes": 5,
+         "measures": ("the native path's float32 matrix products, torch's `F.linear` (MKL) vs oneDNN, on nano's "
+                      "training and decoding shapes, which one `engine/gemm.linear` takes on this CPU, and the nano SFT"
+                      " step with each (alternating in one process)")}   # found by bench/run_all.py
 
 import argparse
 import statistics

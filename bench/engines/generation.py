@@ -10,7 +10,9 @@ Reports median tokens/s over repeats and the ratio.
 """
 from __future__ import annotations
 
-BENCH = {"results": "engines/generation", "minutes": 5, "measures": "engine vs transformers `generate`, batch 1-64"}   # found by bench/run_all.py
+BENCH = {"results": "engines/generation", "minutes": 5,
+         "measures": ("generation tokens/s, gymloop engine vs `model.generate`, batch 1/16/64, a fixed-length workload "
+                      "and the RL workload (arithmetic, stop at EOS)")}   # found by bench/run_all.py
 
 import argparse
 import sys

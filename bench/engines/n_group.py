@@ -10,7 +10,8 @@ the three timed in turns whose order rotates.
 """
 from __future__ import annotations
 
-BENCH = {"results": "engines/n_group", "minutes": 5, "measures": "n samples of one prompt as one group vs n requests"}   # found by bench/run_all.py
+BENCH = {"results": "engines/n_group", "minutes": 5,
+         "measures": ("a request's n samples as one group of the engine's batch vs n separate requests")}   # found by bench/run_all.py
 
 import argparse
 import statistics

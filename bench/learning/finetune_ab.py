@@ -12,7 +12,10 @@ sides ended at the same weights (a refactor that keeps the arithmetic does).
 """
 from __future__ import annotations
 
-BENCH = {"results": "learning/finetune_ab", "minutes": 20, "measures": "a fine-tuning change A/B against a commit"}   # found by bench/run_all.py
+BENCH = {"results": "learning/finetune_ab", "minutes": 20,
+         "measures": ("(`--against COMMIT`) fine-tuning step time of this checkout against another commit, both in one "
+                      "process, alternating, per case: the way to tell whether a change made training faster on a noisy"
+                      " CPU")}   # found by bench/run_all.py
 
 import argparse
 import hashlib

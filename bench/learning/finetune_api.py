@@ -18,7 +18,9 @@ Also: the job's trained tokens, seconds and cost from the ledger.
 """
 from __future__ import annotations
 
-BENCH = {"results": "learning/finetune_api", "minutes": 60, "measures": "SFT, DPO and RFT through the fine-tuning API"}   # found by bench/run_all.py
+BENCH = {"results": "learning/finetune_api", "minutes": 60,
+         "measures": ("learning through the fine-tuning API: SFT, DPO and RFT (reinforcement, python grader in the "
+                      "sandbox) jobs from the `openai` client against `gymloop serve`, scored through chat completions")}   # found by bench/run_all.py
 
 import argparse
 import sys

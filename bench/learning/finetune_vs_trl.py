@@ -16,7 +16,10 @@ holds one-time work on both sides). Median of --repeats runs, alternating the tw
 """
 from __future__ import annotations
 
-BENCH = {"results": "learning/finetune_vs_trl", "minutes": 20, "measures": "gymloop's SFT/DPO vs TRL's trainers"}   # found by bench/run_all.py
+BENCH = {"results": "learning/finetune_vs_trl", "minutes": 20,
+         "measures": ("SFT and DPO training tokens/s, the fine-tuning jobs' trainer vs TRL `SFTTrainer` / `DPOTrainer`,"
+                      " same rows, model, batch and steps: nano (every weight) and SmolLM2-135M-Instruct with LoRA; "
+                      "SFT, SFT with a system prompt, DPO")}   # found by bench/run_all.py
 
 import argparse
 import contextlib

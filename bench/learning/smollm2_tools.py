@@ -35,7 +35,9 @@ score measures reading schemas, not recalling names.
 """
 from __future__ import annotations
 
-BENCH = {"results": "learning/smollm2_tools", "minutes": 60, "measures": "SmolLM2 learns tool calls through the API"}   # found by bench/run_all.py
+BENCH = {"results": "learning/smollm2_tools", "minutes": 60,
+         "measures": ("SmolLM2-135M learns tool calls through the API (SFT, then RFT or DPO), scored on held-out tools "
+                      "through chat completions")}   # found by bench/run_all.py
 
 import argparse
 import statistics

@@ -15,7 +15,9 @@ prompt (the tools' schemas and the whole statement): it trains on the compact pr
 """
 from __future__ import annotations
 
-BENCH = {"results": "sandbox/swe", "minutes": 15, "measures": "real-repository tasks: build, verify, gaming scored 0"}   # found by bench/run_all.py
+BENCH = {"results": "sandbox/swe", "minutes": 15,
+         "measures": ("real-repository tasks in SWE-bench's format: built, verified, every way of gaming the tests "
+                      "scored 0")}   # found by bench/run_all.py
 
 import argparse
 import json

@@ -10,7 +10,9 @@
 """
 from __future__ import annotations
 
-BENCH = {"results": "serving/cli_api", "minutes": 3, "measures": "CLI start-up and schemathesis on /openapi.json"}   # found by bench/run_all.py
+BENCH = {"results": "serving/cli_api", "minutes": 3,
+         "measures": ("`gymloop --help` and `gymloop sandbox run` wall time (best of 3), the sandbox's CPU accounting, "
+                      "and `schemathesis --checks all` against a real `gymloop serve`")}   # found by bench/run_all.py
 
 import argparse
 import json

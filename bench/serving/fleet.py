@@ -13,7 +13,11 @@ results file holds the per-second timeline and locust's stats rows.
 """
 from __future__ import annotations
 
-BENCH = {"results": "serving/fleet", "minutes": 10, "measures": "a Ray Serve fleet under locust load, a replica killed"}   # found by bench/run_all.py
+BENCH = {"results": "serving/fleet", "minutes": 10,
+         "measures": ("`gymloop fleet up` (Ray Serve, an embedded PostgreSQL store) with 1 and 2 replicas under "
+                      "locust's users (chat completions + graded feedback) for 10 minutes each, two promotions and one "
+                      "replica SIGKILLed per run: requests/s, p50/p95/p99, failed requests around the kill, lost "
+                      "traces, answers from unpromoted versions, roll-out and replacement seconds")}   # found by bench/run_all.py
 
 import argparse
 import csv

@@ -11,7 +11,9 @@ Goal (issue #7): async >= 1.3x the rounds per hour of sync with no loss of final
 """
 from __future__ import annotations
 
-BENCH = {"results": "training/async_rl", "minutes": 15, "measures": "asynchronous vs synchronous GRPO"}   # found by bench/run_all.py
+BENCH = {"results": "training/async_rl", "minutes": 15,
+         "measures": ("asynchronous vs synchronous GRPO on the demo workload: rounds per hour at equal rollouts, held-"
+                      "out score after equal learning time")}   # found by bench/run_all.py
 
 import argparse
 import sys

@@ -13,7 +13,8 @@ same update (the LoRA adapters start from the same seed in every process).
 """
 from __future__ import annotations
 
-BENCH = {"results": "training/sft_memory", "minutes": 5, "measures": "peak memory of a SmolLM2 SFT step, whole vs micro-batches"}   # found by bench/run_all.py
+BENCH = {"results": "training/sft_memory", "minutes": 5,
+         "measures": ("peak memory of a SmolLM2 supervised step, in one pass and in micro-batches")}   # found by bench/run_all.py
 
 import argparse
 import json

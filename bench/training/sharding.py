@@ -14,7 +14,9 @@ difference (measured: 2.8 GiB either way).
 """
 from __future__ import annotations
 
-BENCH = {"results": "training/sharding", "minutes": 5, "measures": "DDP vs FSDP memory and step time, 2 ranks"}   # found by bench/run_all.py
+BENCH = {"results": "training/sharding", "minutes": 5,
+         "measures": ("data-parallel training of a 135M Llama on 2 ranks, whole replicas (DDP) vs sharded (FSDP): "
+                      "training state, RSS and step time per rank")}   # found by bench/run_all.py
 
 import argparse
 import multiprocessing as mp
