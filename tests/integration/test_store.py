@@ -193,3 +193,20 @@ def test_a_lost_listen_connection_is_a_missed_wait_then_listens_again(postgres_s
     listener.join()
     assert heard == [True]
     store.close()
+
+
+def test_session_verdicts_are_a_production_failure_rate_the_drift_detector_reads(store_target):
+    from gymloop.loop.config import DriftConfig
+    from gymloop.loop.drift import detect_drift
+
+    store = Store(store_target)
+    store.versions.ensure_run("r", {})
+    call = {"messages": [{"role": "user", "content": "hi"}], "tools": None, "prompt_ids": [1], "token_ids": [2],
+            "logprobs": [-0.1], "reply": {"role": "assistant", "content": "x"}, "version": 1, "ended": True}
+    for i, reward in enumerate([1.0] * 10 + [0.0] * 8 + [1.0] * 2):
+        store.sessions.add_calls(f"s{i}", f"t{i}", None, [call], None)
+        store.sessions.add_feedback(f"s{i}", reward)
+    assert store.sessions.failure_rates(10) == {"agent": (0.8, 0.0, 10, 10)}
+    assert store.sessions.get("s3")["task"] == {"id": "s3", "input": "hi"}        # its first user input
+    events = detect_drift(DriftConfig(window=10, failure_rise=0.2), "r", store, 1, {}, {})
+    assert events == [{"env": "agent", "kind": "production", "before": 0.0, "after": 0.8}]

@@ -270,7 +270,7 @@ def test_a_missing_runtime_is_a_one_line_error_naming_the_command(tmp_path, monk
                                    "grpo": {"steps": 1}, "eval": {"tasks": 0}}))
     assert main(["train", str(cfg), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "run `make vllm`" in err[0] and "no-such-venv" in err[0]
+    assert len(err) == 1 and "run `gymloop envs install vllm`" in err[0] and "no-such-venv" in err[0]
 
 
 def test_what_vllm_cannot_run_is_refused_by_name_when_the_config_is_checked(tmp_path, model_dir):

@@ -50,6 +50,18 @@ class Sessions:
             return int(c.execute("INSERT INTO session_feedback (session_id, created, reward) VALUES (?,?,?) "
                                  "RETURNING id", (session_id, time.time(), reward)).fetchone()[0])
 
+    def failure_rates(self, window: int = 50, env: str = "agent") -> dict[str, tuple[float, float | None, int, int]]:
+        """As Traces.failure_rates, of session verdicts (each verdict a row, newest first), under
+        `env` (the agent environment's name): (failure rate of the last `window` verdicts, of the
+        `window` before them or None, rows in each)."""
+        rows = self.db.read().execute("SELECT reward FROM session_feedback ORDER BY id DESC LIMIT ?",
+                                      (2 * window,)).fetchall()
+        fails = [float(r[0] < 1) for r in rows]
+        if not fails:
+            return {}
+        recent, prior = fails[:window], fails[window:]
+        return {env: (sum(recent) / len(recent), sum(prior) / len(prior) if prior else None, len(recent), len(prior))}
+
     def failed(self, limit: int = 1000) -> list[Session]:
         """Sessions whose latest verdict is a reward below 1, newest verdict first."""
         return self._judged("< 1", limit)
