@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "agent-inventory.yaml"
 
 
-def one_run(seed: int, run_dir: str) -> dict:
-    cfg = load_config(CONFIG, {"seed": seed, "run_dir": run_dir})
+def one_run(seed: int, run_dir: str, model: str | None = None) -> dict:
+    cfg = load_config(CONFIG, {"seed": seed, "run_dir": run_dir, **({"model": model} if model else {})})
     torch.set_num_threads(cfg.threads)
     s = train(cfg, progress=False, echo=lambda m: None)
     steps = [r for r in read_metrics(s["run_dir"]) if r.get("kind") == "train"]
@@ -54,11 +54,11 @@ def one_run(seed: int, run_dir: str) -> dict:
             "gain_reward_points": 100 * (s["final"]["mean_reward"] - s["base"]["mean_reward"])}
 
 
-def learning(seeds: list[int]) -> list[dict]:
+def learning(seeds: list[int], model: str | None = None) -> list[dict]:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            r = one_run(seed, str(Path(tmp) / f"seed-{seed}"))
+            r = one_run(seed, str(Path(tmp) / f"seed-{seed}"), model)
             runs.append(r)
             print(f"seed {seed}: held-out reward {r['base']['mean_reward']:.3f} -> {r['final']['mean_reward']:.3f} "
                   f"({r['wall_seconds']:.0f} s)", flush=True)
@@ -135,12 +135,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--only", choices=("learning", "overhead"))
+    ap.add_argument("--model", help="another base than the config's (e.g. nano-tools:seed=1, pre-trained with seed 1)")
     args = ap.parse_args()
     os.chdir(ROOT)                  # the config's paths are the repository's
     seeds = [int(s) for s in args.seeds.split(",")]
     data: dict = {"seeds": seeds}
     if args.only in (None, "learning"):
-        data["runs"] = learning(seeds)
+        data["runs"] = learning(seeds, args.model)
     if args.only in (None, "overhead"):
         data["overhead"] = overhead()
     common.save("learning/agent_program", data)
