@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..envs.base import Message, PeerEnvironment, Score, Split, Task
+from ..envs.base import Message, PeerEnvironment, Score, Split, Task, json_lines
 from ..rollout.capture import merge
 from .programs import AsyncRunner, Outcome, ProgramError, Runner, command_runner, function_runner, load_function
 
@@ -78,13 +78,7 @@ def load_agent_tasks(path: str, env: str) -> list[Task]:
     if not file.is_file():
         raise ValueError(f"agent tasks file {path} does not exist")
     tasks: dict[str, Task] = {}
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    for n, row in json_lines(file):
         if not isinstance(row, dict) or "id" not in row:
             raise ValueError(f"{path}:{n}: a task is a JSON object with an 'id'")
         split = row.get("split", "train")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
 
 Message = dict  # {"role": "system"|"user"|"assistant"|"tool", "content": str}
 Split = Literal["train", "heldout"]
@@ -49,6 +51,18 @@ class Score:
     def __post_init__(self) -> None:
         if not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"reward must be in [0, 1], got {self.reward}")
+
+
+def json_lines(path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSON-lines file; a line that is not JSON
+    is a ValueError naming the file and the line."""
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
 
 
 def check_reward_range(option, env: str) -> tuple[float, float]:

@@ -14,7 +14,6 @@ prompts themselves (said by `heldout_is_train`).
 """
 from __future__ import annotations
 
-import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .base import Environment, Message, Score, Split, Task
+from .base import Environment, Message, Score, Split, Task, json_lines
 from .grader_types import Grader, PythonGrader
 from .graders import GraderError, Runtime, SandboxPython, grade, sample_of, uses_python, validate
 
@@ -73,13 +72,7 @@ def _rows(path: str | Path) -> list[dict]:
     """The file's lines; a bad one is an error naming it (the fine-tuning API checked its files
     on upload with finetune/formats.py; a file given to `gymloop train` is checked here)."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for n, row in json_lines(path):
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                       for m in msgs)):
